@@ -1,0 +1,38 @@
+"""spmd: MPI-style SPMD scripting for PyTorch.
+
+    from spmd import comm
+    x = torch.ones(1) * (comm.rank + 1)
+    comm.reduce(x, root=0)            # rank 0 now holds 1+2+...+size
+
+The same script runs under mpirun, srun, torchrun, ``spmd run`` or plain
+python.  ``import spmd`` is light: torch and mpi4py are imported only
+when the communicator is first used.
+"""
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "comm",
+    "init",
+    "finalize",
+    "initialized",
+    "Comm",
+    "Handle",
+    "SpmdError",
+    "PlacementError",
+    "BackendError",
+    "RendezvousError",
+    "CollectiveError",
+]
+
+from ._proxy import comm
+from .errors import BackendError, CollectiveError, PlacementError, RendezvousError, SpmdError
+from .runtime import finalize, init, initialized
+
+
+def __getattr__(name):
+    if name in ("Comm", "Handle"):
+        from .comms import base
+
+        return getattr(base, name)
+    raise AttributeError(f"module 'spmd' has no attribute {name!r}")

@@ -1,0 +1,1 @@
+"""Communicator implementations: the interface and one module per backend."""

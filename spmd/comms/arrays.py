@@ -1,0 +1,71 @@
+"""What a collective may be given: torch tensors and numpy arrays.
+
+Helpers here never import torch themselves; a torch tensor can only
+exist if the caller already imported it.
+"""
+
+import sys
+
+import numpy as np
+
+from ..errors import CollectiveError
+
+__all__ = [
+    "OPS",
+    "is_tensor",
+    "check_array",
+    "check_op",
+    "dtype_name",
+    "is_floating",
+    "split_sizes",
+]
+
+OPS = ("sum", "prod", "min", "max", "avg")
+
+
+def is_tensor(x):
+    """Tell whether x is a torch tensor, without importing torch."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+def check_array(x, what="x"):
+    """Raise unless x is a torch tensor or a numpy array."""
+    if is_tensor(x) or isinstance(x, np.ndarray):
+        return x
+    raise CollectiveError(
+        f"{what} must be a torch.Tensor or a numpy.ndarray, got {type(x).__name__}; "
+        "wrap Python values with torch.tensor(...) or numpy.asarray(...), "
+        "or use the *_object collectives for arbitrary objects"
+    )
+
+
+def dtype_name(x):
+    """Name x's dtype the same way for torch and numpy ('float32', 'bfloat16')."""
+    return str(x.dtype).replace("torch.", "")
+
+
+def is_floating(x):
+    """Tell whether x holds floating-point or complex values."""
+    if is_tensor(x):
+        return x.is_floating_point() or x.is_complex()
+    return np.issubdtype(x.dtype, np.inexact)
+
+
+def check_op(op, x):
+    """Return the canonical name of reduction op for x, or raise."""
+    name = str(op).lower()
+    if name not in OPS:
+        raise CollectiveError(f"unknown reduction op {op!r}; expected one of {', '.join(OPS)}")
+    if name == "avg" and not is_floating(x):
+        raise CollectiveError(
+            f"op='avg' needs a floating-point dtype, got {dtype_name(x)}; "
+            "use op='sum' and divide, or cast to a float dtype first"
+        )
+    return name
+
+
+def split_sizes(n, parts):
+    """Return the lengths numpy.array_split gives when splitting n items into parts."""
+    base, extra = divmod(n, parts)
+    return [base + 1 if i < extra else base for i in range(parts)]

@@ -1,0 +1,258 @@
+"""The communicator interface: argument checks once, then a backend hook.
+
+Every public collective validates its arguments here and calls a
+``_name`` hook that each backend implements.  A hook given
+``async_op=False`` does the work and returns the result; given
+``async_op=True`` it returns a :class:`Handle` whose ``wait()`` gives
+the result.
+"""
+
+from ..errors import CollectiveError
+from .arrays import check_array, check_op, dtype_name, is_tensor, split_sizes
+
+__all__ = ["Comm", "Handle", "Done"]
+
+
+class Handle:
+    """A collective in flight; ``wait()`` returns its result."""
+
+    __slots__ = ("_wait", "_test", "_finish", "_done", "_result")
+
+    def __init__(self, wait, test, finish):
+        self._wait, self._test, self._finish = wait, test, finish
+        self._done, self._result = False, None
+
+    def wait(self):
+        """Block until the collective is complete and return its result."""
+        if not self._done:
+            self._wait()
+            self._done = True
+            self._result = self._finish()
+        return self._result
+
+    def is_completed(self):
+        """Tell, without blocking, whether the collective has completed."""
+        if not self._done and self._test():
+            self.wait()
+        return self._done
+
+    def __repr__(self):
+        return f"<Handle {'done' if self._done else 'pending'}>"
+
+
+class Done(Handle):
+    """A handle for work that finished before it was returned."""
+
+    __slots__ = ()
+
+    def __init__(self, result):
+        self._done, self._result = True, result
+
+
+def _meta(x):
+    """Describe x for a peer that must allocate a matching buffer."""
+    return (
+        "torch" if is_tensor(x) else "numpy",
+        dtype_name(x),
+        tuple(x.shape[1:]),
+        x.shape[0] if x.ndim else None,
+    )
+
+
+def _check_metas(metas, what):
+    """Raise the same error on every rank unless the metas agree, else return lengths."""
+    kinds, dtypes, trails = {m[0] for m in metas}, {m[1] for m in metas}, {m[2] for m in metas}
+    scalar = [r for r, m in enumerate(metas) if m[3] is None]
+    if len(dtypes) > 1 or len(trails) > 1 or len(kinds) > 1 or scalar:
+        listing = "; ".join(
+            f"rank {r}: {m[0]} {m[1]} shape {('?',) + m[2] if m[3] is None else (m[3],) + m[2]}"
+            for r, m in enumerate(metas)
+        )
+        raise CollectiveError(
+            f"{what}: every rank must pass an array of at least one dimension with the same "
+            f"dtype and the same shape after dim 0 (only dim 0 may differ); got {listing}"
+        )
+    return [m[3] for m in metas]
+
+
+class Comm:
+    """A group of ranks and the collectives among them."""
+
+    #: Name of the backend: "serial", "gloo", "nccl" or "mpi".
+    backend = None
+
+    def __init__(self, rank, size, placement=None, device="cpu"):
+        self.rank = rank
+        self.size = size
+        self.device = device
+        self.placement = placement
+        p = placement
+        self.local_rank = p.local_rank if p else 0
+        self.local_size = p.local_size if p else 1
+        self.node_rank = p.node_rank if p else 0
+        self.num_nodes = p.num_nodes if p else 1
+        self.launcher = p.launcher if p else "none"
+
+    def __repr__(self):
+        return f"<{type(self).__name__} rank {self.rank} of {self.size}, backend {self.backend}>"
+
+    def _close(self):
+        """Release what the backend holds; the runtime calls this at finalize."""
+
+    # -- checks --------------------------------------------------------------
+
+    def _root(self, root):
+        if not isinstance(root, int) or isinstance(root, bool) or not 0 <= root < self.size:
+            raise CollectiveError(
+                f"root {root!r} is out of range: this communicator has ranks 0 to {self.size - 1}"
+            )
+        return root
+
+    def _array(self, x, what="x"):
+        check_array(x, what)
+        self._check_device(x, what)
+        return x
+
+    def _check_device(self, x, what):
+        """Raise unless x lives where this backend can send it (CPU here)."""
+        if is_tensor(x) and x.device.type != "cpu":
+            raise CollectiveError(
+                f"{what} is on {x.device} but the {self.backend} backend works on CPU tensors; "
+                "move it with .cpu(), or use the nccl backend for CUDA tensors"
+            )
+
+    # -- the six collectives ---------------------------------------------------
+
+    def broadcast(self, x, root=0, async_op=False):
+        """Copy root's x into x on every rank, in place; return x."""
+        return self._broadcast(self._array(x), self._root(root), async_op)
+
+    def reduce(self, x, root=0, op="sum", async_op=False):
+        """Combine x over ranks into root's x, in place; other ranks' x stay unchanged."""
+        self._array(x)
+        return self._reduce(x, self._root(root), check_op(op, x), async_op)
+
+    def all_reduce(self, x, op="sum", async_op=False):
+        """Combine x over ranks into every rank's x, in place; return x."""
+        self._array(x)
+        return self._all_reduce(x, check_op(op, x), async_op)
+
+    def scatter(self, chunks=None, root=0, async_op=False):
+        """Send root's i-th chunk to rank i and return this rank's chunk.
+
+        On root, chunks is a list of ``size`` arrays, or one array split
+        along dim 0 the way ``numpy.array_split`` does.  Other ranks pass
+        None.  Chunk lengths along dim 0 may differ.
+        """
+        root = self._root(root)
+        header, parts, whole = None, None, None
+        if self.rank == root:
+            whole = None if isinstance(chunks, (list, tuple)) else chunks
+            try:
+                parts, header = self._scatter_plan(chunks)
+            except CollectiveError as exc:
+                header = {"error": str(exc)}
+        header = self.broadcast_object(header, root)
+        if "error" in header:
+            raise CollectiveError(header["error"])
+        return self._scatter(parts, whole, header, root, async_op)
+
+    def gather(self, x, root=0, async_op=False):
+        """Collect every rank's x on root: a list on root, None elsewhere.
+
+        Lengths along dim 0 may differ between ranks.
+        """
+        root = self._root(root)
+        lengths = _check_metas(self.all_gather_object(_meta(self._array(x))), "gather")
+        return self._gather(x, lengths, root, async_op)
+
+    def all_gather(self, x, async_op=False):
+        """Collect every rank's x on every rank, as a list in rank order."""
+        lengths = _check_metas(self.all_gather_object(_meta(self._array(x))), "all_gather")
+        return self._all_gather(x, lengths, async_op)
+
+    def barrier(self):
+        """Block until every rank has called barrier."""
+        self._barrier()
+
+    def _scatter_plan(self, chunks):
+        """On root: turn chunks into a list of size arrays and a header for all."""
+        if chunks is None:
+            raise CollectiveError("scatter: the root rank must pass the chunks, got None")
+        if isinstance(chunks, (list, tuple)):
+            if len(chunks) != self.size:
+                raise CollectiveError(
+                    f"scatter: expecting {self.size} chunks (one per rank), got {len(chunks)}"
+                )
+            for i, c in enumerate(chunks):
+                check_array(c, f"scatter chunk {i}")
+                self._check_device(c, f"scatter chunk {i}")
+            parts = list(chunks)
+        else:
+            self._array(chunks, "scatter chunks")
+            if chunks.ndim == 0:
+                raise CollectiveError("scatter: cannot split a 0-d array; pass a list of chunks")
+            parts = self._split(chunks, split_sizes(chunks.shape[0], self.size))
+        metas = [_meta(p) for p in parts]
+        lengths = _check_metas(metas, "scatter")
+        kind, dtype, trail, _ = metas[0]
+        return parts, {"kind": kind, "dtype": dtype, "trail": trail, "lengths": lengths}
+
+    @staticmethod
+    def _split(x, sizes):
+        if is_tensor(x):
+            return list(x.split(sizes))
+        import numpy as np
+
+        return np.split(x, np.cumsum(sizes)[:-1])
+
+    # -- objects -------------------------------------------------------------
+
+    def broadcast_object(self, obj, root=0):
+        """Return root's obj on every rank (pickled)."""
+        return self._broadcast_object(obj, self._root(root))
+
+    def gather_object(self, obj, root=0):
+        """Return the list of every rank's obj on root, None elsewhere."""
+        return self._gather_object(obj, self._root(root))
+
+    def all_gather_object(self, obj):
+        """Return the list of every rank's obj on every rank."""
+        return self._all_gather_object(obj)
+
+    def scatter_object(self, objs=None, root=0):
+        """Return this rank's item of root's list of size objects."""
+        root = self._root(root)
+        error = None
+        if self.rank == root:
+            if objs is None or len(objs) != self.size:
+                got = "None" if objs is None else len(objs)
+                error = f"scatter_object: expecting {self.size} objects (one per rank), got {got}"
+        error = self.broadcast_object(error, root)
+        if error:
+            raise CollectiveError(error)
+        return self._scatter_object(list(objs) if self.rank == root else None, root)
+
+    # -- sub-communicators -----------------------------------------------------
+
+    def split(self, color=0, key=None, *, ranks=None):
+        """Split into sub-communicators, MPI_Comm_split style.
+
+        Ranks passing the same color form one communicator, ordered by
+        key then by rank; color None gets None back.  With ``ranks=[...]``
+        the listed ranks (in that order) form one and the rest get None.
+        Every rank must call split.
+        """
+        if ranks is not None:
+            ranks = list(ranks)
+            bad = [r for r in ranks if not isinstance(r, int) or not 0 <= r < self.size]
+            if bad or len(set(ranks)) != len(ranks):
+                raise CollectiveError(
+                    f"split: ranks must be distinct integers in 0..{self.size - 1}, got {ranks}"
+                )
+            color = 0 if self.rank in ranks else None
+            key = ranks.index(self.rank) if self.rank in ranks else 0
+        if color is not None and (not isinstance(color, int) or color < 0):
+            raise CollectiveError(f"split: color must be a non-negative int or None, got {color!r}")
+        key = self.rank if key is None else key
+        return self._split_comm(color, key)

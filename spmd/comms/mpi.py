@@ -1,0 +1,247 @@
+"""Collectives over mpi4py: zero-copy on CPU tensors and numpy arrays.
+
+Data movement (broadcast, scatter, gathers) works on byte views, so
+every dtype travels, bfloat16 included.  Reductions use MPI's typed
+operations; bool uses the logical ones and bfloat16 is reduced in
+float32.
+"""
+
+import sys
+
+import numpy as np
+from mpi4py import MPI
+
+from .base import Comm, Done, Handle
+
+__all__ = ["MpiComm"]
+
+_OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX, "avg": MPI.SUM}
+_BOOL_OPS = {"sum": MPI.LOR, "prod": MPI.LAND, "min": MPI.LAND, "max": MPI.LOR}
+
+
+def _contiguous(x):
+    """Return a contiguous version of x and a write-back into x, or None."""
+    if isinstance(x, np.ndarray):
+        if x.flags.c_contiguous:
+            return x, None
+        c = np.ascontiguousarray(x)
+        return c, lambda: np.copyto(x, c)
+    t = x.detach()
+    if t.is_contiguous():
+        return t, None
+    c = t.contiguous()
+    return c, lambda: t.copy_(c)
+
+
+def _bytes(a):
+    """Return a flat uint8 numpy view of contiguous array or tensor a."""
+    if isinstance(a, np.ndarray):
+        return a.reshape(-1).view(np.uint8)
+    import torch
+
+    return a.reshape(-1).view(torch.uint8).numpy()
+
+
+def _typed(c):
+    """Return a numpy view of contiguous c for reductions, and a write-back."""
+    if isinstance(c, np.ndarray):
+        return c, None
+    import torch
+
+    if c.dtype == torch.bfloat16:
+        wide = c.float()
+        return wide.numpy(), lambda: c.copy_(wide)
+    return c.numpy(), None
+
+
+class MpiComm(Comm):
+    """A communicator backed by an mpi4py communicator."""
+
+    backend = "mpi"
+
+    def __init__(self, mpi_comm, placement=None):
+        self._c = mpi_comm
+        super().__init__(mpi_comm.Get_rank(), mpi_comm.Get_size(), placement, "cpu")
+
+    @staticmethod
+    def _go(async_op, blocking, nonblocking, finish):
+        if async_op:
+            req = nonblocking()
+            return Handle(req.Wait, req.Test, finish)
+        blocking()
+        return finish()
+
+    def _empty(self, kind, dtype, shape):
+        if kind == "numpy":
+            return np.empty(shape, dtype=dtype)
+        torch = sys.modules["torch"] if "torch" in sys.modules else __import__("torch")
+        return torch.empty(shape, dtype=getattr(torch, dtype))
+
+    # -- reductions and broadcast ----------------------------------------------
+
+    def _broadcast(self, x, root, async_op):
+        c, back = _contiguous(x)
+        b = _bytes(c)
+        return self._go(
+            async_op,
+            lambda: self._c.Bcast(b, root),
+            lambda: self._c.Ibcast(b, root),
+            lambda: _finish(x, back),
+        )
+
+    def _reduction(self, c, op):
+        a, widened = _typed(c)
+        mop = _BOOL_OPS[op] if a.dtype == np.bool_ else _OPS[op]
+        return a, widened, mop
+
+    def _all_reduce(self, x, op, async_op):
+        c, back = _contiguous(x)
+        a, widened, mop = self._reduction(c, op)
+        return self._go(
+            async_op,
+            lambda: self._c.Allreduce(MPI.IN_PLACE, a, mop),
+            lambda: self._c.Iallreduce(MPI.IN_PLACE, a, mop),
+            lambda: self._finish_reduce(x, a, op, widened, back),
+        )
+
+    def _reduce(self, x, root, op, async_op):
+        if self.rank != root:
+            c, _ = _contiguous(x)
+            a, _, mop = self._reduction(c, op)
+            return self._go(
+                async_op,
+                lambda: self._c.Reduce(a, None, mop, root),
+                lambda: self._c.Ireduce(a, None, mop, root),
+                lambda: x,
+            )
+        c, back = _contiguous(x)
+        a, widened, mop = self._reduction(c, op)
+        return self._go(
+            async_op,
+            lambda: self._c.Reduce(MPI.IN_PLACE, a, mop, root),
+            lambda: self._c.Ireduce(MPI.IN_PLACE, a, mop, root),
+            lambda: self._finish_reduce(x, a, op, widened, back),
+        )
+
+    def _finish_reduce(self, x, a, op, widened, back):
+        if op == "avg":
+            np.divide(a, self.size, out=a)
+        if widened is not None:
+            widened()
+        return _finish(x, back)
+
+    # -- scatter and gathers -----------------------------------------------------
+
+    def _scatter(self, parts, whole, header, root, async_op):
+        lengths, trail = header["lengths"], tuple(header["trail"])
+        out = self._empty(header["kind"], header["dtype"], (lengths[self.rank],) + trail)
+        row = _row_bytes(out, trail)
+        send = None
+        if self.rank == root:
+            counts = [n * row for n in lengths]
+            send = [self._joined(parts, whole), counts, _displs(counts), MPI.BYTE]
+        recv = _bytes(out)
+        return self._go(
+            async_op,
+            lambda: self._c.Scatterv(send, recv, root),
+            lambda: self._c.Iscatterv(send, recv, root),
+            lambda: out,
+        )
+
+    @staticmethod
+    def _joined(parts, whole):
+        """Return root's chunks as one byte buffer, without a copy when possible."""
+        if whole is not None:
+            c, _ = _contiguous(whole)
+            return _bytes(c)
+        return np.concatenate([_bytes(_contiguous(p)[0]) for p in parts])
+
+    def _gathered(self, x, lengths):
+        """Allocate the receive side of a gatherv of x: (full, flat bytes, counts)."""
+        c, _ = _contiguous(x)
+        trail = tuple(c.shape[1:])
+        full = self._empty("numpy" if isinstance(x, np.ndarray) else "torch",
+                           str(c.dtype).replace("torch.", ""), (sum(lengths),) + trail)
+        counts = [n * _row_bytes(full, trail) for n in lengths]
+        return _bytes(c), full, [_bytes(full), counts, _displs(counts), MPI.BYTE]
+
+    def _gather(self, x, lengths, root, async_op):
+        if self.rank != root:
+            c, _ = _contiguous(x)
+            send = _bytes(c)
+            return self._go(
+                async_op,
+                lambda: self._c.Gatherv(send, None, root),
+                lambda: self._c.Igatherv(send, None, root),
+                lambda: None,
+            )
+        send, full, recv = self._gathered(x, lengths)
+        return self._go(
+            async_op,
+            lambda: self._c.Gatherv(send, recv, root),
+            lambda: self._c.Igatherv(send, recv, root),
+            lambda: _pieces(full, lengths),
+        )
+
+    def _all_gather(self, x, lengths, async_op):
+        send, full, recv = self._gathered(x, lengths)
+        return self._go(
+            async_op,
+            lambda: self._c.Allgatherv(send, recv),
+            lambda: self._c.Iallgatherv(send, recv),
+            lambda: _pieces(full, lengths),
+        )
+
+    def _barrier(self):
+        self._c.Barrier()
+
+    # -- objects -------------------------------------------------------------
+
+    def _broadcast_object(self, obj, root):
+        return self._c.bcast(obj, root)
+
+    def _gather_object(self, obj, root):
+        return self._c.gather(obj, root)
+
+    def _all_gather_object(self, obj):
+        return self._c.allgather(obj)
+
+    def _scatter_object(self, objs, root):
+        return self._c.scatter(objs, root)
+
+    # -- sub-communicators -----------------------------------------------------
+
+    def _split_comm(self, color, key):
+        new = self._c.Split(MPI.UNDEFINED if color is None else color, key)
+        return None if new == MPI.COMM_NULL else MpiComm(new, self.placement)
+
+
+def _finish(x, back):
+    if back is not None:
+        back()
+    return x
+
+
+def _row_bytes(a, trail):
+    n = 1
+    for d in trail:
+        n *= d
+    itemsize = a.itemsize if isinstance(a, np.ndarray) else a.element_size()
+    return n * itemsize
+
+
+def _displs(counts):
+    out, total = [], 0
+    for n in counts:
+        out.append(total)
+        total += n
+    return out
+
+
+def _pieces(full, lengths):
+    """Split full along dim 0 into views of the given lengths."""
+    out, start = [], 0
+    for n in lengths:
+        out.append(full[start : start + n])
+        start += n
+    return out

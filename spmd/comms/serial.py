@@ -1,0 +1,54 @@
+"""The world of one: every collective is a local no-op or copy."""
+
+from .base import Comm, Done
+
+__all__ = ["SerialComm"]
+
+
+class SerialComm(Comm):
+    """A communicator with one rank; needs neither torch nor MPI."""
+
+    backend = "serial"
+
+    def __init__(self, placement=None, device="cpu"):
+        super().__init__(0, 1, placement, device)
+
+    @staticmethod
+    def _give(result, async_op):
+        return Done(result) if async_op else result
+
+    def _broadcast(self, x, root, async_op):
+        return self._give(x, async_op)
+
+    def _reduce(self, x, root, op, async_op):
+        return self._give(x, async_op)
+
+    def _all_reduce(self, x, op, async_op):
+        return self._give(x, async_op)
+
+    def _scatter(self, parts, whole, header, root, async_op):
+        return self._give(parts[0], async_op)
+
+    def _gather(self, x, lengths, root, async_op):
+        return self._give([x], async_op)
+
+    def _all_gather(self, x, lengths, async_op):
+        return self._give([x], async_op)
+
+    def _barrier(self):
+        pass
+
+    def _broadcast_object(self, obj, root):
+        return obj
+
+    def _gather_object(self, obj, root):
+        return [obj]
+
+    def _all_gather_object(self, obj):
+        return [obj]
+
+    def _scatter_object(self, objs, root):
+        return objs[0]
+
+    def _split_comm(self, color, key):
+        return None if color is None else SerialComm(self.placement, self.device)

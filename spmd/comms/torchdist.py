@@ -1,0 +1,216 @@
+"""Collectives over a torch.distributed process group (gloo or nccl)."""
+
+from datetime import timedelta
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from ..errors import CollectiveError
+from .base import Comm, Done, Handle
+
+__all__ = ["TorchComm"]
+
+_OPS = {
+    "sum": dist.ReduceOp.SUM,
+    "prod": dist.ReduceOp.PRODUCT,
+    "min": dist.ReduceOp.MIN,
+    "max": dist.ReduceOp.MAX,
+    "avg": dist.ReduceOp.SUM,
+}
+
+
+def _tensor(x):
+    """Return a contiguous tensor sharing x's memory where possible, and a write-back."""
+    if isinstance(x, np.ndarray):
+        if x.flags.c_contiguous:
+            return torch.from_numpy(x), None
+        c = np.ascontiguousarray(x)
+        return torch.from_numpy(c), lambda: np.copyto(x, c)
+    t = x.detach()
+    if t.is_contiguous():
+        return t, None
+    c = t.contiguous()
+    return c, lambda: t.copy_(c)
+
+
+def _like(t, x):
+    """Return tensor t as the kind of thing x is (numpy array or tensor)."""
+    return t.numpy() if isinstance(x, np.ndarray) else t
+
+
+class TorchComm(Comm):
+    """A communicator backed by a torch.distributed process group."""
+
+    def __init__(self, backend, placement, device="cpu", group=None, ranks=None, timeout=None):
+        self.backend = backend
+        self._group = group
+        self._ranks = ranks  # global rank of each member, None for the world
+        self._timeout = timeout
+        rank = dist.get_rank(group)
+        size = dist.get_world_size(group)
+        super().__init__(rank, size, placement, device)
+
+    def _close(self):
+        if self._group is None and dist.is_initialized():
+            dist.destroy_process_group()
+
+    def _check_device(self, x, what):
+        if self.backend != "nccl":
+            return super()._check_device(x, what)
+        if isinstance(x, np.ndarray) or x.device.type != "cuda":
+            raise CollectiveError(
+                f"{what} is on the CPU but the nccl backend works on CUDA tensors; "
+                f"move it with torch.as_tensor(x).to(comm.device) (here {self.device}), "
+                "or use the gloo or mpi backend for CPU data"
+            )
+
+    def _go(self, work, finish, async_op):
+        if async_op:
+            return Handle(work.wait, work.is_completed, finish)
+        return finish()
+
+    def _done(self, result, async_op):
+        return Done(result) if async_op else result
+
+    def _empty(self, kind, dtype, shape):
+        if kind == "numpy":
+            return torch.from_numpy(np.empty(shape, dtype=dtype))
+        return torch.empty(shape, dtype=getattr(torch, dtype), device=self.device)
+
+    # -- reductions and broadcast ----------------------------------------------
+
+    def _broadcast(self, x, root, async_op):
+        t, back = _tensor(x)
+        work = dist.broadcast(t, group=self._group, group_src=root, async_op=async_op)
+        return self._go(work, lambda: self._finish(x, back), async_op)
+
+    def _all_reduce(self, x, op, async_op):
+        t, back = _tensor(x)
+        work = dist.all_reduce(t, op=_OPS[op], group=self._group, async_op=async_op)
+        return self._go(work, lambda: self._finish(x, back, t if op == "avg" else None), async_op)
+
+    def _reduce(self, x, root, op, async_op):
+        t, back = _tensor(x)
+        if self.rank != root:
+            # torch's reduce leaves partial sums in non-root buffers: give it a copy.
+            t, back = t.clone(), None
+        work = dist.reduce(t, op=_OPS[op], group=self._group, group_dst=root, async_op=async_op)
+        avg = t if op == "avg" and self.rank == root else None
+        return self._go(work, lambda: self._finish(x, back, avg), async_op)
+
+    def _finish(self, x, back, average=None):
+        if average is not None:
+            average.div_(self.size)
+        if back is not None:
+            back()
+        return x
+
+    # -- scatter and gathers -----------------------------------------------------
+
+    def _scatter(self, parts, whole, header, root, async_op):
+        lengths, trail = header["lengths"], tuple(header["trail"])
+        kind, dtype = header["kind"], header["dtype"]
+        top = max(lengths)
+        buf = self._empty(kind, dtype, (top,) + trail)
+        send = None
+        if self.rank == root:
+            send = [self._padded(p, top) for p in parts]
+        if top == 0:
+            return self._done(_as_kind(buf, kind), async_op)
+        work = dist.scatter(buf, send, group=self._group, group_src=root, async_op=async_op)
+        mine = lengths[self.rank]
+        return self._go(work, lambda: _as_kind(buf[:mine], kind), async_op)
+
+    def _padded(self, x, rows):
+        t, _ = _tensor(x)
+        if t.shape[0] == rows:
+            return t
+        out = t.new_zeros((rows,) + tuple(t.shape[1:]))
+        out[: t.shape[0]] = t
+        return out
+
+    def _gather(self, x, lengths, root, async_op):
+        top = max(lengths)
+        send = self._padded(x, top)
+        recv = None
+        if self.rank == root:
+            recv = [torch.empty_like(send) for _ in range(self.size)]
+        work = dist.gather(send, recv, group=self._group, group_dst=root, async_op=async_op)
+        if self.rank != root:
+            return self._go(work, lambda: None, async_op)
+        return self._go(work, lambda: self._trim(recv, lengths, x), async_op)
+
+    def _all_gather(self, x, lengths, async_op):
+        top = max(lengths)
+        send = self._padded(x, top)
+        recv = [torch.empty_like(send) for _ in range(self.size)]
+        work = dist.all_gather(recv, send, group=self._group, async_op=async_op)
+        return self._go(work, lambda: self._trim(recv, lengths, x), async_op)
+
+    @staticmethod
+    def _trim(recv, lengths, like):
+        return [_like(t if t.shape[0] == n else t[:n], like) for t, n in zip(recv, lengths)]
+
+    def _barrier(self):
+        dist.barrier(group=self._group)
+
+    # -- objects -------------------------------------------------------------
+
+    def _broadcast_object(self, obj, root):
+        box = [obj]
+        dist.broadcast_object_list(box, group=self._group, group_src=root)
+        return box[0]
+
+    def _gather_object(self, obj, root):
+        out = [None] * self.size if self.rank == root else None
+        dist.gather_object(obj, out, group=self._group, group_dst=root)
+        return out
+
+    def _all_gather_object(self, obj):
+        out = [None] * self.size
+        dist.all_gather_object(out, obj, group=self._group)
+        return out
+
+    def _scatter_object(self, objs, root):
+        box = [None]
+        dist.scatter_object_list(box, objs, group=self._group, group_src=root)
+        return box[0]
+
+    # -- sub-communicators -----------------------------------------------------
+
+    def _split_comm(self, color, key):
+        pairs = self.all_gather_object((color, key))
+        mine = None
+        for c in sorted({c for c, _ in pairs if c is not None}):
+            members = sorted((k, r) for r, (cc, k) in enumerate(pairs) if cc == c)
+            ranks = [self._global(r) for _, r in members]
+            # Every rank creates every group, in the same order, as torch requires.
+            group = dist.new_group(ranks, timeout=self._timeout, sort_ranks=False)
+            if c == color:
+                mine = TorchComm(
+                    self.backend, self.placement, self.device, group, ranks, self._timeout
+                )
+        return mine
+
+    def _global(self, rank):
+        return rank if self._ranks is None else self._ranks[rank]
+
+
+def _as_kind(t, kind):
+    return t.numpy() if kind == "numpy" else t
+
+
+def init_process_group(backend, store, rank, size, timeout, device):
+    """Start torch.distributed's default group over an existing store."""
+    kwargs = {}
+    if backend == "nccl":
+        kwargs["device_id"] = torch.device(device)
+    dist.init_process_group(
+        backend,
+        store=store,
+        rank=rank,
+        world_size=size,
+        timeout=timedelta(seconds=timeout),
+        **kwargs,
+    )

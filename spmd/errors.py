@@ -1,0 +1,32 @@
+"""Exceptions raised by spmd.
+
+Every error names the problem and, where there is one, the fix.
+"""
+
+__all__ = [
+    "SpmdError",
+    "PlacementError",
+    "BackendError",
+    "RendezvousError",
+    "CollectiveError",
+]
+
+
+class SpmdError(RuntimeError):
+    """Base class of every error spmd raises on purpose."""
+
+
+class PlacementError(SpmdError, ValueError):
+    """The launcher's environment does not describe a consistent world."""
+
+
+class BackendError(SpmdError, ValueError):
+    """A backend was asked for that is unknown or unusable here."""
+
+
+class RendezvousError(SpmdError):
+    """The ranks could not meet: bad address, port in use, peer missing."""
+
+
+class CollectiveError(SpmdError, ValueError):
+    """A collective was called with arguments that cannot work."""

@@ -1,0 +1,87 @@
+"""``python -m spmd script.py args``: run a script under the runtime.
+
+The runtime starts before the script, so placement and rendezvous
+errors show up first.  An uncaught exception on any rank prints a
+traceback tagged with the rank and host, then brings the whole job
+down: MPI_Abort under MPI, otherwise an exit that the launcher (spmd
+run, srun --kill-on-bad-exit, torchrun) turns into ending every rank.
+"""
+
+import os
+import runpy
+import socket
+import sys
+import traceback
+
+__all__ = ["run_script", "abort", "report_failure"]
+
+USAGE = "usage: python -m spmd [-m module | script.py] [args...]"
+
+
+def report_failure(exc_type, exc, tb, rank=None, size=None):
+    """Write a traceback headed by the failing rank, host and pid to stderr."""
+    from .runtime import initialized
+
+    if rank is None and initialized():
+        from .runtime import init
+
+        comm = init()
+        rank, size = comm.rank, comm.size
+    who = f"rank {rank} of {size}" if rank is not None else "a rank (before init)"
+    header = f"### spmd: {who} on {socket.gethostname()} (pid {os.getpid()}) failed:\n"
+    text = "".join(traceback.format_exception(exc_type, exc, tb))
+    sys.stderr.write(header + text)
+    sys.stderr.flush()
+
+
+def abort(code=1):
+    """End this process and, where the launcher allows, the whole job, now."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        mpi.COMM_WORLD.Abort(code)
+    os._exit(code)
+
+
+def _exit_code(exc):
+    code = exc.code
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    sys.stderr.write(f"{code}\n")
+    return 1
+
+
+def run_script(argv):
+    """Run argv ([script, args...] or ['-m', module, args...]) as __main__; never returns."""
+    from .runtime import finalize, init
+
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE, file=sys.stderr if not argv else sys.stdout)
+        sys.exit(2 if not argv else 0)
+    if argv[0] == "-m":
+        if len(argv) < 2:
+            sys.exit(USAGE)
+        module, sys.argv = argv[1], argv[1:]
+        target = lambda: runpy.run_module(module, run_name="__main__", alter_sys=True)
+    else:
+        path, sys.argv = argv[0], list(argv)
+        if not os.path.exists(path):
+            sys.exit(f"python -m spmd: cannot open {path!r}: no such file")
+        sys.path[0] = os.path.dirname(os.path.abspath(path))
+        target = lambda: runpy.run_path(path, run_name="__main__")
+    try:
+        init()
+        target()
+    except SystemExit as exc:
+        code = _exit_code(exc)
+        if code:
+            sys.stderr.write(f"### spmd: rank exited with status {code}; ending the job\n")
+            abort(code)
+    except BaseException:
+        report_failure(*sys.exc_info())
+        abort(1)
+    finalize()
+    sys.exit(0)
