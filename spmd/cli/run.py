@@ -1,0 +1,59 @@
+"""``spmd run``: start N ranks of one script on this machine, no MPI needed."""
+
+import os
+import sys
+
+import click
+
+from ..errors import RendezvousError
+from ..launch import launch
+
+__all__ = ["run"]
+
+BACKENDS = ("auto", "gloo", "nccl", "mpi")
+
+
+@click.command(context_settings={
+    "allow_interspersed_args": False,
+    "help_option_names": ["-h", "--help"],
+})
+@click.option("-n", "--nprocs", required=True, type=click.IntRange(min=1),
+              help="Number of ranks to start.")
+@click.option("--backend", type=click.Choice(BACKENDS),
+              help="Communication backend (sets SPMD_BACKEND).")
+@click.option("--prefix/--no-prefix", default=None,
+              help="Prefix each output line with its rank "
+                   "[default: on when NPROCS > 1].")
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True),
+              metavar="SECONDS",
+              help="Timeout of collective operations (sets SPMD_TIMEOUT).")
+@click.option("--master-addr", default="127.0.0.1", show_default=True,
+              metavar="ADDR", help="Address rank 0 listens on.")
+@click.option("-m", "module", is_flag=True,
+              help="SCRIPT is a module name, run like python -m.")
+@click.argument("script")
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def run(nprocs, backend, prefix, timeout, master_addr, module, script, args):
+    """Run SCRIPT as NPROCS cooperating ranks on this machine.
+
+    \b
+        spmd run -n 4 train.py --epochs 3
+        spmd run -n 2 -m mypkg.main
+
+    Each rank runs `python -m spmd SCRIPT ARGS...` with SPMD_RANK,
+    SPMD_SIZE, MASTER_ADDR and MASTER_PORT set. If a rank fails, the
+    others are stopped and its exit code is returned.
+    """
+    if module:
+        argv = ["-m", script, *args]
+    elif os.path.exists(script):
+        argv = [script, *args]
+    else:
+        raise click.BadParameter(f"no such file: {script!r}",
+                                 param_hint="'SCRIPT'")
+    try:
+        code = launch(argv, nprocs, backend=backend, prefix=prefix,
+                      timeout=timeout, master_addr=master_addr)
+    except RendezvousError as e:
+        raise click.ClickException(str(e)) from None
+    sys.exit(code)
