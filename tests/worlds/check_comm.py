@@ -1,0 +1,208 @@
+"""Check every collective of spmd.comm at whatever size the launcher gave.
+
+Expected values are computed from the world size, so one script serves
+sizes 1, 2, 4 and 8 on every backend.  Each rank prints one line:
+``CHECKS OK <n> rank <r> size <s> backend <b> launcher <l>``.
+Usage: check_comm.py [--numpy-only]
+"""
+
+import sys
+
+import numpy as np
+
+from spmd import CollectiveError, comm
+
+NUMPY_ONLY = "--numpy-only" in sys.argv
+checks = 0
+
+
+def ok(cond, what):
+    global checks
+    if not cond:
+        raise AssertionError(f"rank {comm.rank}: {what}")
+    checks += 1
+
+
+def as_np(a):
+    if isinstance(a, np.ndarray) or not hasattr(a, "numpy"):
+        return np.asarray(a)
+    return a.double().numpy() if a.is_floating_point() else a.numpy()
+
+
+def same(a, b, what):
+    ok(np.array_equal(as_np(a), as_np(b)), f"{what}: {a!r} != {b!r}")
+
+
+r, n = comm.rank, comm.size
+R = list(range(n))
+
+# -- the kinds of array under test ------------------------------------------------
+makers = [("numpy", np.float64), ("numpy", np.int32), ("numpy", np.float32)]
+if not NUMPY_ONLY:
+    import torch
+
+    makers += [
+        ("torch", torch.float32),
+        ("torch", torch.float64),
+        ("torch", torch.int64),
+        ("torch", torch.int32),
+        ("torch", torch.uint8),
+        ("torch", torch.bfloat16),
+        ("torch", torch.float16),
+    ]
+
+
+def make(kind, dtype, values):
+    if kind == "numpy":
+        return np.asarray(values, dtype=dtype)
+    return torch.tensor(values, dtype=dtype)
+
+
+def floating(kind, dtype):
+    return np.issubdtype(dtype, np.floating) if kind == "numpy" else dtype.is_floating_point
+
+
+for kind, dt in makers:
+    tag = f"{kind} {dt}"
+    # broadcast, every root
+    for root in R:
+        x = make(kind, dt, [[root + 1, 2], [3, 4]] if r == root else [[0, 0], [0, 0]])
+        y = comm.broadcast(x, root=root)
+        ok(y is x, f"broadcast returns its argument ({tag})")
+        same(x, [[root + 1, 2], [3, 4]], f"broadcast root {root} ({tag})")
+    # all_reduce with each op
+    for op, expect in [
+        ("sum", sum(k + 1 for k in R)),
+        ("max", n),
+        ("min", 1),
+        ("prod", int(np.prod([k + 1 for k in R])) if n <= 4 else None),
+    ]:
+        if expect is None:
+            continue
+        x = make(kind, dt, [r + 1, r + 1, r + 1])
+        comm.all_reduce(x, op=op)
+        same(x, [expect] * 3, f"all_reduce {op} ({tag})")
+    if floating(kind, dt):
+        x = make(kind, dt, [2.0 * (r + 1)])
+        comm.all_reduce(x, op="avg")
+        same(x, [float(n + 1)], f"all_reduce avg ({tag})")
+    # reduce: root holds the sum, the others keep their values
+    for root in R:
+        x = make(kind, dt, [r + 1, 1])
+        comm.reduce(x, root=root)
+        same(x, [sum(k + 1 for k in R), n] if r == root else [r + 1, 1], f"reduce root {root} ({tag})")
+
+# -- the guide's examples, word for word in values ---------------------------------------
+x = np.ones(1) * (r + 1)
+comm.reduce(x, root=0)
+if r == 0:
+    same(x, [n * (n + 1) / 2], "guide reduce")
+
+# scatter of one array, split like numpy.array_split, uneven rows
+for rows in (n, 3 * n + 1, max(n - 1, 1), 0 if n > 1 else 1):
+    full = np.arange(rows * 3, dtype=np.float32).reshape(rows, 3)
+    mine = comm.scatter(full if r == 0 else None, root=0)
+    expect = np.array_split(full, n)[r]
+    ok(isinstance(mine, np.ndarray), "scatter returns the root's type (numpy)")
+    same(mine, expect, f"scatter {rows} rows")
+    back = comm.gather(mine * 2, root=0)
+    if r == 0:
+        same(np.concatenate(back), full * 2, f"gather {rows} rows")
+        ok(len(back) == n, "gather returns one item per rank")
+    else:
+        ok(back is None, "gather returns None off root")
+    everyone = comm.all_gather(mine + 1)
+    same(np.concatenate(everyone), full + 1, f"all_gather {rows} rows")
+
+# scatter of a list with a non-zero root, and the guide's scatter/gather
+root = n - 1
+chunks = [np.full((k + 1, 2), k, dtype=np.int64) for k in R] if r == root else None
+mine = comm.scatter(chunks, root=root)
+same(mine, np.full((r + 1, 2), r), "scatter list, uneven, root n-1")
+got = comm.gather(np.array([float(r + 1)]) * 2, root=0)
+if r == 0:
+    ok([float(v[0]) for v in got] == [2.0 * (k + 1) for k in R], "guide gather")
+
+if not NUMPY_ONLY:
+    t = comm.scatter(torch.arange(2.0 * n).reshape(n, 2) if r == 0 else None)
+    ok(isinstance(t, torch.Tensor), "scatter returns the root's type (torch)")
+    same(t, [[2.0 * r, 2.0 * r + 1]], "scatter torch")
+    lst = comm.all_gather(torch.tensor([r + 1.0]))
+    same(torch.cat(lst), [k + 1.0 for k in R], "guide all_gather")
+    # non-contiguous tensors are handled, results written back in place
+    base = torch.zeros(3, 4)
+    col = base[:, 1]
+    col.fill_(r + 1)
+    comm.all_reduce(col)
+    same(base[:, 1], [sum(k + 1 for k in R)] * 3, "all_reduce non-contiguous")
+    same(base[:, 0], [0.0] * 3, "all_reduce non-contiguous leaves neighbours")
+    # bool data moves and reduces logically
+    b = torch.tensor([r == 0, True])
+    comm.broadcast(b, root=n - 1)
+    same(b, [n == 1, True], "broadcast bool")
+    # async overlap: start, compute, wait
+    big = torch.full((1000,), float(r + 1))
+    h = comm.all_reduce(big, async_op=True)
+    _ = torch.randn(100, 100) @ torch.randn(100, 100)
+    ok(h.wait() is big, "async all_reduce wait returns the tensor")
+    ok(h.is_completed(), "handle completed after wait")
+    same(big[:3], [n * (n + 1) / 2] * 3, "async all_reduce")
+    h = comm.all_gather(torch.tensor([float(r)]), async_op=True)
+    same(torch.cat(h.wait()), [float(k) for k in R], "async all_gather")
+    h = comm.broadcast(torch.tensor([float(r)]), root=0, async_op=True)
+    same(h.wait(), [0.0], "async broadcast")
+    h = comm.reduce(torch.tensor([1.0]), root=0, async_op=True)
+    same(h.wait(), [float(n)] if r == 0 else [1.0], "async reduce")
+    h = comm.scatter([torch.tensor([k]) for k in R] if r == 0 else None, async_op=True)
+    same(h.wait(), [r], "async scatter")
+    h = comm.gather(torch.tensor([r]), root=0, async_op=True)
+    res = h.wait()
+    ok(res is None if r else [int(v) for v in res] == R, "async gather")
+
+# -- objects -------------------------------------------------------------
+ok(comm.broadcast_object({"a": [1, 2]} if r == 0 else None) == {"a": [1, 2]}, "broadcast_object")
+g = comm.gather_object(("rank", r), root=0)
+ok(g == [("rank", k) for k in R] if r == 0 else g is None, "gather_object")
+ok(comm.all_gather_object(r * r) == [k * k for k in R], "all_gather_object")
+ok(comm.scatter_object([f"item{k}" for k in R] if r == 0 else None) == f"item{r}", "scatter_object")
+
+# -- sub-communicators ----------------------------------------------------------
+half = comm.split(color=r % 2, key=-r)
+members = [k for k in R if k % 2 == r % 2]
+ok(half.size == len(members), "split size")
+ok(half.rank == sorted(members, reverse=True).index(r), "split rank ordered by key")
+x = np.array([r + 1.0])
+half.all_reduce(x)
+same(x, [sum(k + 1 for k in members)], "split all_reduce")
+ok(half.all_gather_object(r) == sorted(members, reverse=True), "split all_gather_object")
+y = half.broadcast(np.array([float(r)]), root=0)
+same(y, [float(max(members))], "split broadcast root is group rank 0")
+firsts = comm.split(ranks=[0])
+ok((firsts is not None) == (r == 0), "split by ranks: members only")
+if firsts is not None:
+    ok(firsts.size == 1 and firsts.rank == 0, "split by ranks: size and rank")
+none = comm.split(color=None if r else 0)
+ok((none is None) == (r != 0), "split color None gives None")
+
+# -- bad input: the same clear error on every rank, no hang ---------------------------------
+def raises(fn, words, what):
+    try:
+        fn()
+    except CollectiveError as exc:
+        ok(all(w in str(exc) for w in words), f"{what}: message {exc}")
+        return
+    raise AssertionError(f"rank {r}: {what} did not raise")
+
+
+raises(lambda: comm.scatter([np.zeros(1)] * (n + 1) if r == 0 else None), [f"expecting {n} chunks"], "scatter wrong length")
+if n > 1:
+    mixed = [np.zeros(1)] * (n - 1) + [np.zeros(2, dtype=np.int8)]
+    raises(lambda: comm.scatter(mixed if r == 0 else None), ["dtype"], "scatter mixed dtypes")
+raises(lambda: comm.broadcast(np.zeros(1), root=n), ["root", "out of range"], "root out of range")
+raises(lambda: comm.all_reduce(np.zeros(1), op="median"), ["unknown reduction op"], "unknown op")
+raises(lambda: comm.all_reduce(np.zeros(1, dtype=np.int64), op="avg"), ["floating"], "avg on integers")
+raises(lambda: comm.all_reduce([1, 2]), ["numpy.ndarray"], "list input")
+if n > 1:
+    raises(lambda: comm.gather(np.zeros((1, r + 1))), ["same shape after dim 0"], "gather trailing shapes differ")
+comm.barrier()
+print(f"CHECKS OK {checks} rank {r} size {n} backend {comm.backend} launcher {comm.launcher}", flush=True)
