@@ -1,0 +1,91 @@
+"""Shared helpers: start real multi-process jobs with a hard time limit."""
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+WORLDS = REPO / "tests" / "worlds"
+PY = sys.executable
+BIN = Path(PY).parent
+
+
+def tool(name):
+    """Return the path of a command from this environment's bin, else PATH."""
+    here = BIN / name
+    return str(here) if here.exists() else shutil.which(name)
+
+
+MPIRUN = tool("mpirun")
+
+
+def clean_env(**extra):
+    """Return os.environ without launcher variables, plus extra."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("SPMD_", "PMI_", "OMPI_", "PMIX_", "MV2_", "SLURM_"))
+        and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    }
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def start(cmd, env=None, cwd=REPO):
+    """Start cmd in its own session so that it and its children can be killed."""
+    return subprocess.Popen(
+        [str(c) for c in cmd],
+        env=env or clean_env(),
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def finish(proc, timeout, what="job"):
+    """Wait for proc; on timeout kill its whole session and fail with its output."""
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        out, _ = proc.communicate()
+        pytest.fail(f"{what} hung: no exit within {timeout} s; output so far:\n{out[-4000:]}")
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, "")
+
+
+def run(cmd, timeout=120, env=None, what=None):
+    """Run cmd to completion with a hard timeout; return the CompletedProcess."""
+    return finish(start(cmd, env), timeout, what or " ".join(map(str, cmd[:6])))
+
+
+CHECKS = re.compile(r"CHECKS OK (\d+) rank (\d+) size (\d+) backend (\w+) launcher (\w+)")
+
+
+def checks_passed(out):
+    """Return {rank: (count, size, backend, launcher)} from world-check output."""
+    return {int(m[2]): (int(m[1]), int(m[3]), m[4], m[5]) for m in CHECKS.finditer(out)}
+
+
+def assert_world(result, size, backend=None, launcher=None):
+    """Assert every rank of a world check passed, with the expected labels."""
+    got = checks_passed(result.stdout)
+    assert result.returncode == 0 and sorted(got) == list(range(size)), (
+        f"exit {result.returncode}, ranks reporting {sorted(got)} of {size}:\n{result.stdout[-4000:]}"
+    )
+    for rank, (count, n, b, l) in got.items():
+        assert n == size and count > 100, (rank, count, n)
+        assert backend is None or b == backend, (rank, b, backend)
+        assert launcher is None or l == launcher, (rank, l, launcher)
+    return got
