@@ -18,19 +18,28 @@ __all__ = ["run_script", "abort", "report_failure"]
 USAGE = "usage: python -m spmd [-m module | script.py] [args...]"
 
 
-def report_failure(exc_type, exc, tb, rank=None, size=None):
-    """Write a traceback headed by the failing rank, host and pid to stderr."""
-    from .runtime import initialized
+def _who():
+    """Name this process: rank, size, host and pid, as far as known."""
+    from .runtime import init, initialized
 
-    if rank is None and initialized():
-        from .runtime import init
-
+    if initialized():
         comm = init()
-        rank, size = comm.rank, comm.size
-    who = f"rank {rank} of {size}" if rank is not None else "a rank (before init)"
-    header = f"### spmd: {who} on {socket.gethostname()} (pid {os.getpid()}) failed:\n"
+        who = f"rank {comm.rank} of {comm.size}"
+    else:
+        try:
+            from .placement import detect
+
+            p = detect()
+            who = f"rank {p.rank} of {p.size} (before init)"
+        except Exception:
+            who = "a rank (before init)"
+    return f"{who} on {socket.gethostname()} (pid {os.getpid()})"
+
+
+def report_failure(exc_type, exc, tb):
+    """Write a traceback headed by the failing rank, host and pid to stderr."""
     text = "".join(traceback.format_exception(exc_type, exc, tb))
-    sys.stderr.write(header + text)
+    sys.stderr.write(f"### spmd: {_who()} failed:\n{text}")
     sys.stderr.flush()
 
 
@@ -78,7 +87,7 @@ def run_script(argv):
     except SystemExit as exc:
         code = _exit_code(exc)
         if code:
-            sys.stderr.write(f"### spmd: rank exited with status {code}; ending the job\n")
+            sys.stderr.write(f"### spmd: {_who()} exited with status {code}; ending the job\n")
             abort(code)
     except BaseException:
         report_failure(*sys.exc_info())
