@@ -56,7 +56,12 @@ def _port_in_use(addr, port, exc):
 def _store(addr, port, size, is_master, timeout, listen_fd=None):
     from torch.distributed import TCPStore
 
-    kwargs = {"master_listen_fd": listen_fd} if listen_fd is not None else {}
+    kwargs = {}
+    if listen_fd is not None:
+        # A listening socket handed over by spmd run; libuv accepts one from torch 2.8.
+        kwargs["master_listen_fd"] = listen_fd
+        if _torch_version() < (2, 8):
+            kwargs["use_libuv"] = False
     return TCPStore(
         addr,
         port,
@@ -66,6 +71,12 @@ def _store(addr, port, size, is_master, timeout, listen_fd=None):
         wait_for_workers=False,
         **kwargs,
     )
+
+
+def _torch_version():
+    import torch
+
+    return tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
 
 
 def _serve(addr, port, size, timeout, listen_fd=None):

@@ -100,8 +100,11 @@ def _start(backend, timeout, environ):
     from .comms.torchdist import TorchComm, init_process_group
     from .rendezvous import rendezvous
 
-    store, _, _ = rendezvous(placement, seconds, mpi_world, environ)
-    device = _nccl_device(placement, store) if name == "nccl" else "cpu"
+    store, device = None, "cpu"
+    if not torch_mpi:  # torch's own MPI group meets through MPI itself
+        store, _, _ = rendezvous(placement, seconds, mpi_world, environ)
+    if name == "nccl":
+        device = _nccl_device(placement, store)
     init_process_group(name, store, placement.rank, placement.size, seconds, device)
     return TorchComm(name, placement, device, timeout=_td(seconds))
 

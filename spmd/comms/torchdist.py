@@ -202,15 +202,10 @@ def _as_kind(t, kind):
 
 
 def init_process_group(backend, store, rank, size, timeout, device):
-    """Start torch.distributed's default group over an existing store."""
-    kwargs = {}
+    """Start torch.distributed's default group over a store (None: MPI meets by itself)."""
+    kwargs = {"timeout": timedelta(seconds=timeout)}
+    if store is not None:
+        kwargs.update(store=store, rank=rank, world_size=size)
     if backend == "nccl":
         kwargs["device_id"] = torch.device(device)
-    dist.init_process_group(
-        backend,
-        store=store,
-        rank=rank,
-        world_size=size,
-        timeout=timedelta(seconds=timeout),
-        **kwargs,
-    )
+    dist.init_process_group(backend, **kwargs)
