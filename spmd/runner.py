@@ -1,7 +1,8 @@
 """``python -m spmd script.py args``: run a script under the runtime.
 
-The runtime starts before the script, so placement and rendezvous
-errors show up first.  An uncaught exception on any rank prints a
+The runtime starts when the script first uses it (so the script's own
+``spmd.init(backend=..., timeout=...)`` applies).  An uncaught exception
+on any rank, in the script or in the runtime's start, prints a
 traceback tagged with the rank and host, then brings the whole job
 down: MPI_Abort under MPI, otherwise an exit that the launcher (spmd
 run, srun --kill-on-bad-exit, torchrun) turns into ending every rank.
@@ -65,7 +66,7 @@ def _exit_code(exc):
 
 def run_script(argv):
     """Run argv ([script, args...] or ['-m', module, args...]) as __main__; never returns."""
-    from .runtime import finalize, init
+    from .runtime import finalize
 
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE, file=sys.stderr if not argv else sys.stdout)
@@ -82,7 +83,6 @@ def run_script(argv):
         sys.path[0] = os.path.dirname(os.path.abspath(path))
         target = lambda: runpy.run_path(path, run_name="__main__")
     try:
-        init()
         target()
     except SystemExit as exc:
         code = _exit_code(exc)

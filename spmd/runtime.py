@@ -1,5 +1,6 @@
 """The process-wide communicator: started once by init, ended by finalize."""
 
+import atexit
 import os
 import sys
 import threading
@@ -89,14 +90,14 @@ def _start(backend, timeout, environ):
         from .comms.serial import SerialComm
 
         device = "cuda:0" if requested == "nccl" and backends.cuda_usable() else "cpu"
-        return SerialComm(placement, device)
+        return SerialComm(placement, device, seconds)
     mpi_world = _mpi_world(placement) if placement.is_mpi else None
     name = _choose(requested, placement, mpi_world, environ)
     torch_mpi = name == "mpi" and "torch" in sys.modules and _torch_has_mpi()
     if name == "mpi" and not torch_mpi:
         from .comms.mpi import MpiComm
 
-        return MpiComm(mpi_world, placement)
+        return MpiComm(mpi_world, placement, seconds)
     from .comms.torchdist import TorchComm, init_process_group
     from .rendezvous import rendezvous
 
@@ -106,19 +107,13 @@ def _start(backend, timeout, environ):
     if name == "nccl":
         device = _nccl_device(placement, store)
     init_process_group(name, store, placement.rank, placement.size, seconds, device)
-    return TorchComm(name, placement, device, timeout=_td(seconds))
+    return TorchComm(name, placement, device, timeout=seconds)
 
 
 def _torch_has_mpi():
     import torch.distributed as dist
 
     return dist.is_mpi_available()
-
-
-def _td(seconds):
-    from datetime import timedelta
-
-    return timedelta(seconds=seconds)
 
 
 def init(backend=None, timeout=None):
@@ -133,10 +128,17 @@ def init(backend=None, timeout=None):
     with _lock:
         if _comm is None:
             _comm = _start(backend, timeout, os.environ)
-        elif backend not in (None, "auto", _comm.backend) and _comm.size > 1:
+            atexit.register(finalize)
+            return _comm
+        if backend not in (None, "auto", _comm.backend) and _comm.size > 1:
             raise BackendError(
                 f"spmd is already running on backend {_comm.backend!r}; call spmd.init(backend=...) "
-                "before the first collective, or spmd.finalize() first"
+                "before the first use of comm, or spmd.finalize() first"
+            )
+        if timeout is not None and _timeout(timeout, {}) != _comm.timeout:
+            raise ValueError(
+                f"spmd is already running with a timeout of {_comm.timeout:g} s; call "
+                "spmd.init(timeout=...) before the first use of comm, or set SPMD_TIMEOUT"
             )
         return _comm
 

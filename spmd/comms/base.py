@@ -81,10 +81,12 @@ class Comm:
     #: Name of the backend: "serial", "gloo", "nccl" or "mpi".
     backend = None
 
-    def __init__(self, rank, size, placement=None, device="cpu"):
+    def __init__(self, rank, size, placement=None, device="cpu", timeout=None):
         self.rank = rank
         self.size = size
         self.device = device
+        #: Seconds init and each collective may wait; None when unbounded.
+        self.timeout = timeout
         self.placement = placement
         p = placement
         self.local_rank = p.local_rank if p else 0

@@ -46,14 +46,18 @@ class TorchComm(Comm):
         self.backend = backend
         self._group = group
         self._ranks = ranks  # global rank of each member, None for the world
-        self._timeout = timeout
         rank = dist.get_rank(group)
         size = dist.get_world_size(group)
-        super().__init__(rank, size, placement, device)
+        super().__init__(rank, size, placement, device, timeout)
 
     def _close(self):
+        # Like MPI_Finalize, collective: a rank leaving early would break
+        # peers still connecting or finishing their last collective.
         if self._group is None and dist.is_initialized():
-            dist.destroy_process_group()
+            try:
+                dist.barrier()
+            finally:
+                dist.destroy_process_group()
 
     def _check_device(self, x, what):
         if self.backend != "nccl":
@@ -186,11 +190,9 @@ class TorchComm(Comm):
             members = sorted((k, r) for r, (cc, k) in enumerate(pairs) if cc == c)
             ranks = [self._global(r) for _, r in members]
             # Every rank creates every group, in the same order, as torch requires.
-            group = dist.new_group(ranks, timeout=self._timeout, sort_ranks=False)
+            group = dist.new_group(ranks, timeout=timedelta(seconds=self.timeout), sort_ranks=False)
             if c == color:
-                mine = TorchComm(
-                    self.backend, self.placement, self.device, group, ranks, self._timeout
-                )
+                mine = TorchComm(self.backend, self.placement, self.device, group, ranks, self.timeout)
         return mine
 
     def _global(self, rank):
