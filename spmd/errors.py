@@ -9,6 +9,7 @@ __all__ = [
     "BackendError",
     "RendezvousError",
     "CollectiveError",
+    "CollectiveTimeout",
 ]
 
 
@@ -30,3 +31,7 @@ class RendezvousError(SpmdError):
 
 class CollectiveError(SpmdError, ValueError):
     """A collective was called with arguments that cannot work."""
+
+
+class CollectiveTimeout(SpmdError, TimeoutError):
+    """A collective waited longer than the timeout for the other ranks."""

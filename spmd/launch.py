@@ -16,6 +16,7 @@ import threading
 import time
 
 from .errors import RendezvousError
+from .watchdog import PEER_EXIT
 
 __all__ = ["launch", "child_env", "STRIPPED"]
 
@@ -152,9 +153,23 @@ def _supervise(procs, stop):
                 continue
             del live[rank]
             if code != 0:
-                return rank, code
+                return _first_cause(procs, rank, code)
         time.sleep(POLL)
     return None
+
+
+def _first_cause(procs, rank, code):
+    """Prefer the rank that failed over ranks that its failure ended."""
+    if code != PEER_EXIT:
+        return rank, code
+    deadline = time.monotonic() + 1.0
+    while time.monotonic() < deadline:
+        for r, p in enumerate(procs):
+            c = p.poll()
+            if c not in (None, 0, PEER_EXIT):
+                return r, c
+        time.sleep(POLL)
+    return rank, code
 
 
 def _terminate(procs, stop):

@@ -23,7 +23,7 @@ from datetime import timedelta
 
 from .errors import RendezvousError
 
-__all__ = ["slurm_port", "check_address", "rendezvous"]
+__all__ = ["slurm_port", "check_address", "rendezvous", "await_peers"]
 
 PORT_BASE, PORT_SPAN = 20000, 10000
 
@@ -148,3 +148,24 @@ def rendezvous(placement, timeout, mpi_comm=None, environ=None):
         "MASTER_ADDR and MASTER_PORT, or start the job with an MPI launcher (with mpi4py "
         "installed), srun, torchrun or spmd run"
     )
+
+
+def await_peers(store, rank, size, timeout):
+    """Wait until every rank has joined the store, or say how many did."""
+    import time
+
+    store.set(f"spmd/arrived/{rank}", "1")
+    keys = [f"spmd/arrived/{r}" for r in range(size)]
+    deadline = time.monotonic() + timeout
+    pause = 0.001
+    while not store.check(keys):
+        if time.monotonic() > deadline:
+            here = [r for r, k in enumerate(keys) if store.check([k])]
+            missing = [r for r in range(size) if r not in here]
+            raise RendezvousError(
+                f"only {len(here)} of {size} ranks arrived within {timeout:g} s; missing ranks "
+                f"{missing[:20]}{' ...' if len(missing) > 20 else ''}. Check that every rank was "
+                "started (launcher logs), or raise SPMD_TIMEOUT"
+            )
+        time.sleep(pause)
+        pause = min(pause * 2, 0.1)

@@ -46,12 +46,9 @@ def report_failure(exc_type, exc, tb):
 
 def abort(code=1):
     """End this process and, where the launcher allows, the whole job, now."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    mpi = sys.modules.get("mpi4py.MPI")
-    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
-        mpi.COMM_WORLD.Abort(code)
-    os._exit(code)
+    from .runtime import abort_job
+
+    abort_job(code)
 
 
 def _exit_code(exc):

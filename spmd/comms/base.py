@@ -8,6 +8,7 @@ the result.
 """
 
 from ..errors import CollectiveError
+from ..monitor import Monitor
 from .arrays import check_array, check_op, dtype_name, is_tensor, split_sizes
 
 __all__ = ["Comm", "Handle", "Done"]
@@ -81,7 +82,8 @@ class Comm:
     #: Name of the backend: "serial", "gloo", "nccl" or "mpi".
     backend = None
 
-    def __init__(self, rank, size, placement=None, device="cpu", timeout=None):
+    def __init__(self, rank, size, placement=None, device="cpu", timeout=None, monitor=None):
+        self._mon = monitor if monitor is not None else Monitor()
         self.rank = rank
         self.size = size
         self.device = device
@@ -100,6 +102,28 @@ class Comm:
 
     def _close(self):
         """Release what the backend holds; the runtime calls this at finalize."""
+
+    # -- every collective goes through here ---------------------------------------
+
+    def _call(self, hook, args, name, x=None, root=None, op=None, async_op=False):
+        """Run a backend hook as collective number seq, turning timeouts into errors."""
+        mon = self._mon
+        fp = mon.note(name, x, root, op)
+        mon.busy = fp[0]
+        try:
+            if mon.active:
+                return mon.run(self, fp, hook, args, x, async_op)
+            return hook(*args)
+        except RuntimeError as exc:
+            if "timed out" in str(exc).lower() or "timeout" in str(exc).lower():
+                raise mon.timeout_error(self, fp, exc, self._peers_report(fp)) from None
+            raise
+        finally:
+            mon.busy = 0
+
+    def _peers_report(self, fp):
+        """Say where the other ranks were when collective fp timed out, if knowable."""
+        return None
 
     # -- checks --------------------------------------------------------------
 
@@ -127,17 +151,18 @@ class Comm:
 
     def broadcast(self, x, root=0, async_op=False):
         """Copy root's x into x on every rank, in place; return x."""
-        return self._broadcast(self._array(x), self._root(root), async_op)
+        root = self._root(root)
+        return self._call(self._broadcast, (self._array(x), root, async_op), "broadcast", x, root, None, async_op)
 
     def reduce(self, x, root=0, op="sum", async_op=False):
         """Combine x over ranks into root's x, in place; other ranks' x stay unchanged."""
-        self._array(x)
-        return self._reduce(x, self._root(root), check_op(op, x), async_op)
+        root, op = self._root(root), check_op(op, self._array(x))
+        return self._call(self._reduce, (x, root, op, async_op), "reduce", x, root, op, async_op)
 
     def all_reduce(self, x, op="sum", async_op=False):
         """Combine x over ranks into every rank's x, in place; return x."""
-        self._array(x)
-        return self._all_reduce(x, check_op(op, x), async_op)
+        op = check_op(op, self._array(x))
+        return self._call(self._all_reduce, (x, op, async_op), "all_reduce", x, None, op, async_op)
 
     def scatter(self, chunks=None, root=0, async_op=False):
         """Send root's i-th chunk to rank i and return this rank's chunk.
@@ -157,7 +182,8 @@ class Comm:
         header = self.broadcast_object(header, root)
         if "error" in header:
             raise CollectiveError(header["error"])
-        return self._scatter(parts, whole, header, root, async_op)
+        args = (parts, whole, header, root, async_op)
+        return self._call(self._scatter, args, "scatter", None, root, None, async_op)
 
     def gather(self, x, root=0, async_op=False):
         """Collect every rank's x on root: a list on root, None elsewhere.
@@ -166,16 +192,16 @@ class Comm:
         """
         root = self._root(root)
         lengths = _check_metas(self.all_gather_object(_meta(self._array(x))), "gather")
-        return self._gather(x, lengths, root, async_op)
+        return self._call(self._gather, (x, lengths, root, async_op), "gather", x, root, None, async_op)
 
     def all_gather(self, x, async_op=False):
         """Collect every rank's x on every rank, as a list in rank order."""
         lengths = _check_metas(self.all_gather_object(_meta(self._array(x))), "all_gather")
-        return self._all_gather(x, lengths, async_op)
+        return self._call(self._all_gather, (x, lengths, async_op), "all_gather", x, None, None, async_op)
 
     def barrier(self):
         """Block until every rank has called barrier."""
-        self._barrier()
+        self._call(self._barrier, (), "barrier")
 
     def _scatter_plan(self, chunks):
         """On root: turn chunks into a list of size arrays and a header for all."""
@@ -212,15 +238,17 @@ class Comm:
 
     def broadcast_object(self, obj, root=0):
         """Return root's obj on every rank (pickled)."""
-        return self._broadcast_object(obj, self._root(root))
+        root = self._root(root)
+        return self._call(self._broadcast_object, (obj, root), "broadcast_object", None, root)
 
     def gather_object(self, obj, root=0):
         """Return the list of every rank's obj on root, None elsewhere."""
-        return self._gather_object(obj, self._root(root))
+        root = self._root(root)
+        return self._call(self._gather_object, (obj, root), "gather_object", None, root)
 
     def all_gather_object(self, obj):
         """Return the list of every rank's obj on every rank."""
-        return self._all_gather_object(obj)
+        return self._call(self._all_gather_object, (obj,), "all_gather_object")
 
     def scatter_object(self, objs=None, root=0):
         """Return this rank's item of root's list of size objects."""
@@ -233,7 +261,8 @@ class Comm:
         error = self.broadcast_object(error, root)
         if error:
             raise CollectiveError(error)
-        return self._scatter_object(list(objs) if self.rank == root else None, root)
+        objs = list(objs) if self.rank == root else None
+        return self._call(self._scatter_object, (objs, root), "scatter_object", None, root)
 
     # -- sub-communicators -----------------------------------------------------
 
@@ -257,4 +286,4 @@ class Comm:
         if color is not None and (not isinstance(color, int) or color < 0):
             raise CollectiveError(f"split: color must be a non-negative int or None, got {color!r}")
         key = self.rank if key is None else key
-        return self._split_comm(color, key)
+        return self._call(self._split_comm, (color, key), "split")

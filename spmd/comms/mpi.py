@@ -59,9 +59,9 @@ class MpiComm(Comm):
 
     backend = "mpi"
 
-    def __init__(self, mpi_comm, placement=None, timeout=None):
+    def __init__(self, mpi_comm, placement=None, timeout=None, monitor=None):
         self._c = mpi_comm
-        super().__init__(mpi_comm.Get_rank(), mpi_comm.Get_size(), placement, "cpu", timeout)
+        super().__init__(mpi_comm.Get_rank(), mpi_comm.Get_size(), placement, "cpu", timeout, monitor)
 
     @staticmethod
     def _go(async_op, blocking, nonblocking, finish):
@@ -213,7 +213,7 @@ class MpiComm(Comm):
 
     def _split_comm(self, color, key):
         new = self._c.Split(MPI.UNDEFINED if color is None else color, key)
-        return None if new == MPI.COMM_NULL else MpiComm(new, self.placement, self.timeout)
+        return None if new == MPI.COMM_NULL else MpiComm(new, self.placement, self.timeout, self._mon.child())
 
 
 def _finish(x, back):

@@ -10,8 +10,8 @@ class SerialComm(Comm):
 
     backend = "serial"
 
-    def __init__(self, placement=None, device="cpu", timeout=None):
-        super().__init__(0, 1, placement, device, timeout)
+    def __init__(self, placement=None, device="cpu", timeout=None, monitor=None):
+        super().__init__(0, 1, placement, device, timeout, monitor)
 
     @staticmethod
     def _give(result, async_op):
@@ -51,4 +51,4 @@ class SerialComm(Comm):
         return objs[0]
 
     def _split_comm(self, color, key):
-        return None if color is None else SerialComm(self.placement, self.device, self.timeout)
+        return None if color is None else SerialComm(self.placement, self.device, self.timeout, self._mon.child())

@@ -1,5 +1,6 @@
 """Collectives over a torch.distributed process group (gloo or nccl)."""
 
+import time
 from datetime import timedelta
 
 import numpy as np
@@ -42,22 +43,45 @@ def _like(t, x):
 class TorchComm(Comm):
     """A communicator backed by a torch.distributed process group."""
 
-    def __init__(self, backend, placement, device="cpu", group=None, ranks=None, timeout=None):
+    def __init__(
+        self, backend, placement, device="cpu", group=None, ranks=None, timeout=None,
+        monitor=None, store=None,
+    ):
         self.backend = backend
         self._group = group
         self._ranks = ranks  # global rank of each member, None for the world
+        self._store = store  # the rendezvous store, for reports on timeouts
         rank = dist.get_rank(group)
         size = dist.get_world_size(group)
-        super().__init__(rank, size, placement, device, timeout)
+        super().__init__(rank, size, placement, device, timeout, monitor)
+
+    def _peers_report(self, fp):
+        """Ask the store where the other ranks were stuck; wait a few seconds for them."""
+        if self._store is None:
+            return None
+        tag = "world" if self._ranks is None else "-".join(map(str, self._ranks))
+        key = f"spmd/stuck/{tag}/".__add__
+        try:
+            self._store.set(key(str(self.rank)), f"#{fp[0]} {fp[1]}")
+            deadline = time.monotonic() + min(5.0, self.timeout or 5.0)
+            while True:
+                here = [r for r in range(self.size) if self._store.check([key(str(r))])]
+                if len(here) == self.size or time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)
+            where = {r: self._store.get(key(str(r))).decode() for r in here}
+        except Exception:  # the store itself may be gone with rank 0
+            return None
+        waiting = ", ".join(f"rank {r} in {w}" for r, w in sorted(where.items()))
+        missing = [r for r in range(self.size) if r not in where]
+        text = f"Timed out too: {waiting}"
+        if missing:
+            text += f"; ranks {missing} never arrived (still computing, blocked elsewhere, or dead)"
+        return text
 
     def _close(self):
-        # Like MPI_Finalize, collective: a rank leaving early would break
-        # peers still connecting or finishing their last collective.
         if self._group is None and dist.is_initialized():
-            try:
-                dist.barrier()
-            finally:
-                dist.destroy_process_group()
+            dist.destroy_process_group()
 
     def _check_device(self, x, what):
         if self.backend != "nccl":
@@ -192,7 +216,10 @@ class TorchComm(Comm):
             # Every rank creates every group, in the same order, as torch requires.
             group = dist.new_group(ranks, timeout=timedelta(seconds=self.timeout), sort_ranks=False)
             if c == color:
-                mine = TorchComm(self.backend, self.placement, self.device, group, ranks, self.timeout)
+                mine = TorchComm(
+                    self.backend, self.placement, self.device, group, ranks, self.timeout,
+                    self._mon.child(), self._store,
+                )
         return mine
 
     def _global(self, rank):

@@ -1,0 +1,40 @@
+"""One failure scenario per run: faults.py SCENARIO (see the table in docs/reliability.md)."""
+
+import os
+import signal
+import sys
+import time
+
+import numpy as np
+
+import spmd
+from spmd.placement import detect
+
+scenario = sys.argv[1]
+if scenario == "late" and detect().rank == 1:
+    time.sleep(120)  # to the others, a rank that never starts
+comm = spmd.init()
+r = comm.rank
+x = np.ones(1000)
+comm.barrier()
+print(f"READY rank {r}", flush=True)
+
+if scenario == "raise":
+    if r == 1:
+        raise ValueError("rank 1 found a bad record")
+    comm.all_reduce(x)
+elif scenario == "sigkill":
+    if r == 1:
+        time.sleep(0.5)  # let the others enter the collective first
+        os.kill(os.getpid(), signal.SIGKILL)
+    comm.all_reduce(x)
+elif scenario == "mismatch":
+    if r == 0:
+        comm.broadcast(x, root=0)
+    else:
+        comm.all_reduce(x)
+elif scenario == "shapes":
+    comm.all_reduce(np.ones(3 + r))
+elif scenario != "late":
+    sys.exit(f"unknown scenario {scenario}")
+print(f"DONE rank {r}", flush=True)
