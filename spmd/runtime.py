@@ -4,6 +4,7 @@ import atexit
 import os
 import sys
 import threading
+import time
 
 from . import backends
 from .errors import BackendError
@@ -34,7 +35,32 @@ def _timeout(timeout, environ):
     return seconds
 
 
-def _mpi_world(placement):
+def _init_mpi_within(MPI, placement, seconds):
+    """MPI_Init, which waits for every rank: end the job if one never comes.
+
+    MPI_Init holds the GIL, so no Python thread can watch it; a forked
+    child does, and kills this process (and so, through the launcher,
+    the job) when the time is up.
+    """
+    parent = os.getpid()
+    child = os.fork()
+    if child == 0:  # the watcher: sleep, then speak and end the parent
+        time.sleep(seconds)
+        os.write(2, (
+            f"### spmd: rank {placement.rank}: MPI_Init did not complete within {seconds:g} s: "
+            f"not all {placement.size} ranks started (see the launcher's output), "
+            "or raise SPMD_TIMEOUT\n"
+        ).encode())
+        os.kill(parent, 9)
+        os._exit(0)
+    try:
+        MPI.Init_thread(MPI.THREAD_MULTIPLE)
+    finally:
+        os.kill(child, 9)
+        os.waitpid(child, 0)
+
+
+def _mpi_world(placement, seconds):
     """Return MPI.COMM_WORLD if mpi4py is importable and agrees with the launcher."""
     try:
         import mpi4py
@@ -48,7 +74,7 @@ def _mpi_world(placement):
 
     if not MPI.Is_initialized():
         check_mpi_vendor(placement, MPI.get_vendor()[0], MPI.Get_library_version())
-        MPI.Init_thread(MPI.THREAD_MULTIPLE)
+        _init_mpi_within(MPI, placement, seconds)
     world = MPI.COMM_WORLD
     check_mpi_world(placement, world.Get_rank(), world.Get_size(), MPI.Get_library_version())
     return world
@@ -115,19 +141,22 @@ def _start(backend, timeout, debug, trace, environ):
 
         device = "cuda:0" if requested == "nccl" and backends.cuda_usable() else "cpu"
         return SerialComm(placement, device, seconds, _monitor(debug, trace, environ, False)), []
-    mpi_world = _mpi_world(placement) if placement.is_mpi else None
+    mpi_world = _mpi_world(placement, seconds) if placement.is_mpi else None
     name = _choose(requested, placement, mpi_world, environ)
     monitor = _monitor(debug, trace, environ, name == "nccl")
+    local = placement.num_nodes == 1
     torch_mpi = name == "mpi" and "torch" in sys.modules and _torch_has_mpi()
     if name == "mpi" and not torch_mpi:
         from .comms.mpi import MpiComm
-        from .watchdog import MpiTimeout
+        from .watchdog import Hub, MpiTimeout
 
         comm = MpiComm(mpi_world, placement, seconds, monitor)
-        return comm, [MpiTimeout(comm, monitor.family)]
+        timer = MpiTimeout(comm, monitor.family)
+        hub = Hub(placement.rank, placement.size, comm.broadcast_object, local, seconds)
+        return comm, [timer, hub]
     from .comms.torchdist import TorchComm, init_process_group
     from .rendezvous import await_peers, rendezvous
-    from .watchdog import Hub
+    from .watchdog import Hub, store_share
 
     store, device, guards = None, "cpu", []
     if not torch_mpi:  # torch's own MPI group meets through MPI itself
@@ -138,7 +167,8 @@ def _start(backend, timeout, debug, trace, environ):
     init_process_group(name, store, placement.rank, placement.size, seconds, device)
     comm = TorchComm(name, placement, device, timeout=seconds, monitor=monitor, store=store)
     if store is not None:
-        guards.append(Hub(placement.rank, placement.size, store, placement.num_nodes == 1, seconds))
+        share = store_share(store, placement.rank)
+        guards.append(Hub(placement.rank, placement.size, share, local, seconds))
     return comm, guards
 
 
@@ -166,6 +196,8 @@ def init(backend=None, timeout=None, debug=None, trace=None):
             _comm, _guards = _start(backend, timeout, debug, trace, os.environ)
             if _comm.size > 1:
                 _install_excepthook()
+                # Nobody leaves init (and perhaps the job) while a peer still joins.
+                _comm._barrier()
             atexit.register(finalize)
             return _comm
         if backend not in (None, "auto", _comm.backend) and _comm.size > 1:

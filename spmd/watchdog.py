@@ -1,7 +1,6 @@
 """Job-wide fail-fast and collective timeouts that no backend gives for free.
 
-``Hub``: in torch.distributed worlds every rank keeps one TCP connection
-to a small hub in rank 0.  A rank that fails says so on its connection; a
+``Hub``: every rank keeps one TCP connection to a small hub in rank 0.  A rank that fails says so on its connection; a
 rank that dies without a word (SIGKILL, os._exit) shows up as the
 connection closing.  Either way the hub tells every rank to exit at once,
 so nobody waits for the collective timeout, whatever the launcher.
@@ -18,7 +17,7 @@ import sys
 import threading
 import time
 
-__all__ = ["Hub", "MpiTimeout", "exit_now", "PEER_EXIT"]
+__all__ = ["Hub", "MpiTimeout", "exit_now", "store_share", "PEER_EXIT"]
 
 #: Exit status of a rank ended because another rank failed.
 PEER_EXIT = 75
@@ -38,18 +37,19 @@ def exit_now(code, message=None):
 class Hub:
     """Rank 0's relay of failures; one persistent connection per rank."""
 
-    def __init__(self, rank, size, store, local_only, timeout):
+    def __init__(self, rank, size, share, local_only, timeout):
+        """share(value) returns rank 0's value on every rank (a broadcast)."""
         self.rank, self.size = rank, size
         self._closing = False
         self._lock = threading.Lock()
         if rank == 0:
             self._server = socket.create_server(("", 0))
             host = "127.0.0.1" if local_only else socket.gethostname()
-            store.set("spmd/hub", f"{host}:{self._server.getsockname()[1]}")
+            share(f"{host}:{self._server.getsockname()[1]}")
             self._peers = {}  # socket -> rank
             target = self._serve
         else:
-            host, port = store.get("spmd/hub").decode().rsplit(":", 1)
+            host, port = share(None).rsplit(":", 1)
             self._sock = socket.create_connection((host, int(port)), timeout=timeout)
             self._sock.settimeout(None)
             self._sock.sendall(f"HELLO {rank}\n".encode())
@@ -98,13 +98,16 @@ class Hub:
         elif word == "FAIL":
             self._abort_all(None)
 
-    def _abort_all(self, message):
+    def _tell_all(self, word):
         with self._lock:
             for conn in list(self._peers):
                 try:
-                    conn.sendall(b"ABORT\n")
+                    conn.sendall(word)
                 except OSError:
                     pass
+
+    def _abort_all(self, message):
+        self._tell_all(b"ABORT\n")
         exit_now(PEER_EXIT, f"### spmd: {message}; ending the job" if message else None)
 
     # -- other ranks -------------------------------------------------------------
@@ -131,7 +134,9 @@ class Hub:
     def fail(self):
         """Tell every rank that this one failed (it prints its own traceback)."""
         if self.rank == 0:
-            self._abort_all(None)
+            self._closing = True
+            self._tell_all(b"ABORT\n")
+            return
         try:
             self._sock.sendall(b"FAIL\n")
         except OSError:
@@ -141,12 +146,7 @@ class Hub:
         """Leave normally: the other side will not take it for a death."""
         self._closing = True
         if self.rank == 0:
-            with self._lock:
-                for conn in list(self._peers):
-                    try:
-                        conn.sendall(b"BYE\n")
-                    except OSError:
-                        pass
+            self._tell_all(b"BYE\n")
             self._server.close()
         else:
             try:
@@ -199,3 +199,15 @@ class MpiTimeout:
 
     def close(self):
         self._stop.set()
+
+
+def store_share(store, rank):
+    """Return a share() for Hub that passes rank 0's value through a store."""
+
+    def share(value):
+        if rank == 0:
+            store.set("spmd/hub", value)
+            return value
+        return store.get("spmd/hub").decode()
+
+    return share

@@ -1,0 +1,138 @@
+"""Failures become errors, not hangs: each scenario under each launcher, with a time bound.
+
+tests/worlds/faults.py plays one scenario; here each run must end non-zero
+with the expected message within its bound, measured from the moment every
+rank was ready (or from the start, for a rank that never starts).
+"""
+
+import os
+import threading
+import time
+
+import pytest
+
+from conftest import MPIRUN, PY, WORLDS, clean_env, start, tool
+
+FAULTS = WORLDS / "faults.py"
+TIMEOUT = 6  # SPMD_TIMEOUT for these runs, in seconds
+QUICK = 15  # bound for a failure that needs no timeout
+SLOW = TIMEOUT + 20  # bound for one found by a timeout (plus the peers' report)
+
+LAUNCHERS = {
+    "mpirun": lambda n: [MPIRUN, "-n", n, PY, "-m", "spmd"],
+    "spmd-run": lambda n: [tool("spmd"), "run", "-n", n],
+    "torchrun": lambda n: [tool("torchrun"), "--nproc-per-node", n, "-m", "spmd"],
+}
+
+
+def play(launcher, scenario, size=2, **env):
+    """Run one scenario; return (exit code, output, seconds from ready to exit)."""
+    cmd = LAUNCHERS[launcher](size) + [FAULTS, scenario]
+    proc = start(cmd, clean_env(SPMD_TIMEOUT=TIMEOUT, **env))
+    began, ready, lines = time.monotonic(), [None], []
+
+    def read():
+        for line in proc.stdout:
+            lines.append(line)
+            if sum("READY rank" in seen for seen in lines) == size and ready[0] is None:
+                ready[0] = time.monotonic()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        code = proc.wait(timeout=120)
+    except Exception:
+        os.killpg(proc.pid, 9)
+        reader.join(5)
+        pytest.fail(f"{launcher} {scenario} hung for 120 s:\n{''.join(lines)[-3000:]}")
+    reader.join(5)
+    return code, "".join(lines), time.monotonic() - (ready[0] or began)
+
+
+def check(result, bound, *words):
+    code, out, seconds = result
+    assert code != 0, out[-3000:]
+    assert seconds < bound, f"took {seconds:.1f} s (bound {bound} s):\n{out[-3000:]}"
+    for w in words:
+        assert w in out, f"{w!r} missing from:\n{out[-3000:]}"
+
+
+needs_mpirun = pytest.mark.skipif(MPIRUN is None, reason="mpirun not found: pip install mpich")
+
+
+@needs_mpirun
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_a_rank_raises_before_a_collective(launcher):
+    result = play(launcher, "raise")
+    check(result, QUICK, "### spmd: rank 1 of 2", "ValueError: rank 1 found a bad record")
+    assert result[1].count("### spmd: rank 1 of 2") == 1  # shown once
+
+
+@needs_mpirun
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_a_rank_killed_inside_a_collective(launcher):
+    check(play(launcher, "sigkill", size=3), QUICK, "rank 1 of 3 died without reporting an error")
+
+
+@needs_mpirun
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_a_rank_that_never_starts(launcher):
+    words = "timed out" if launcher == "mpirun" else "only 1 of 2 ranks arrived"
+    check(play(launcher, "late"), SLOW, words)
+
+
+@needs_mpirun
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_ranks_calling_different_collectives_time_out_naming_the_call(launcher):
+    check(play(launcher, "mismatch"), SLOW, "timed out after 6 s", "(call #2)")
+
+
+@needs_mpirun
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_debug_mode_names_the_mismatch_on_the_spot(launcher):
+    check(
+        play(launcher, "mismatch", SPMD_DEBUG=1),
+        QUICK,
+        "collective mismatch at call #2",
+        "rank 0: #2 broadcast root=0 float64 (1000,) at ",
+        "rank 1: #2 all_reduce op=sum float64 (1000,) at ",
+        "faults.py:",
+    )
+
+
+@needs_mpirun
+@pytest.mark.timeout(150)
+def test_debug_mode_finds_all_reduce_shapes_that_differ():
+    check(play("spmd-run", "shapes", SPMD_DEBUG=1), QUICK, "float64 (3,)", "float64 (4,)")
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("scenario", ["raise", "sigkill"])
+def test_without_a_launcher_that_ends_the_job(scenario, unused_port):
+    """Ranks started by hand: only spmd's own hub can end the others."""
+    env = clean_env(SPMD_TIMEOUT=60, MASTER_ADDR="127.0.0.1", MASTER_PORT=unused_port, WORLD_SIZE=3)
+    procs = [start([PY, FAULTS, scenario], dict(env, RANK=str(r))) for r in range(3)]
+    began = time.monotonic()
+    outs = [p.communicate(timeout=100)[0] for p in procs]
+    seconds = time.monotonic() - began
+    assert all(p.returncode != 0 for p in procs), outs
+    assert seconds < 60, f"took {seconds:.1f} s: {outs}"  # well under the 60 s timeout
+    joined = "".join(outs)
+    if scenario == "raise":
+        assert joined.count("ValueError: rank 1 found a bad record") == 1, joined
+    else:
+        assert "rank 1 of 3 died without reporting an error" in joined, joined
+
+
+@pytest.fixture
+def unused_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
