@@ -103,6 +103,13 @@ class Monitor:
         self.active = bool(debug or trace or nvtx)
         self.family = [self]  # this monitor and its sub-communicators', for watchdogs
 
+    def restart(self):
+        """Forget the collectives so far (those the runtime made during init)."""
+        self.seq = 0
+        self.ring.clear()
+        if self.events:
+            self.events.clear()
+
     def child(self):
         """Return a monitor for a sub-communicator, sharing the trace's event list."""
         sub = Monitor(self.debug, None, self.nvtx)

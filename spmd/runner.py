@@ -79,6 +79,12 @@ def run_script(argv):
             sys.exit(f"python -m spmd: cannot open {path!r}: no such file")
         sys.path[0] = os.path.dirname(os.path.abspath(path))
         target = lambda: runpy.run_path(path, run_name="__main__")
+    if os.environ.get("SPMD_PREEMPT_SIGNAL"):
+        # A batch file asked for a warning signal before the time limit:
+        # catch it, so that it calls the job's hooks instead of ending it.
+        from .preempt import install
+
+        install()
     try:
         target()
     except SystemExit as exc:

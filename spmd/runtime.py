@@ -198,6 +198,7 @@ def init(backend=None, timeout=None, debug=None, trace=None):
                 _install_excepthook()
                 # Nobody leaves init (and perhaps the job) while a peer still joins.
                 _comm._barrier()
+            _comm._mon.restart()  # the user's first collective is call #1
             atexit.register(finalize)
             return _comm
         if backend not in (None, "auto", _comm.backend) and _comm.size > 1:

@@ -80,7 +80,7 @@ def test_a_rank_killed_inside_a_collective(launcher):
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("launcher", LAUNCHERS)
 def test_a_rank_that_never_starts(launcher):
-    words = "timed out" if launcher == "mpirun" else "only 1 of 2 ranks arrived"
+    words = "MPI_Init did not complete" if launcher == "mpirun" else "only 1 of 2 ranks arrived"
     check(play(launcher, "late"), SLOW, words)
 
 

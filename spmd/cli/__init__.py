@@ -14,9 +14,11 @@ def main():
 def _register():
     from .info import info
     from .run import run
+    from .submit import submit
 
     main.add_command(info)
     main.add_command(run)
+    main.add_command(submit)
 
 
 _register()
