@@ -1,0 +1,253 @@
+"""bin/submit against a real SLURM: a private cluster of 4 emulated nodes on this machine.
+
+The cluster (tests/slurm_cluster.py) needs root and Debian's slurmctld, slurmd,
+slurm-client and munge packages, which it installs with apt-get when missing;
+without them these tests are skipped with the reason. Every submission uses
+--wait under a hard timeout; the cluster is stopped at the end of the session.
+"""
+
+import json
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import PY, REPO, clean_env, finish, run, start
+from slurm_cluster import SlurmCluster, SlurmUnavailable
+from spmd.submit import sbatch as slurm
+
+SUBMIT = REPO / "bin" / "submit"
+SCATTER_GATHER = REPO / "jobs" / "scatter_gather.py"
+ROWS = 3000
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    try:
+        c = SlurmCluster.start(nodes=4, cpus=8)
+    except SlurmUnavailable as exc:
+        pytest.skip(f"no private SLURM cluster: {exc}")
+    yield c
+    c.stop()
+
+
+def env_for(cluster, **extra):
+    return cluster.env(clean_env(SPMD_PYTHON=PY, **extra))
+
+
+def submit(cluster, cwd, *args, timeout=150, env=None):
+    """Run bin/submit --wait ARGS in cwd; return (CompletedProcess, job id, log text)."""
+    proc = start([SUBMIT, "--wait", "--tail", "0", *args], env or env_for(cluster), cwd=cwd)
+    result = finish(proc, timeout, f"bin/submit {' '.join(map(str, args[:8]))}")
+    submitted = re.search(r"^submitted job (\d+)", result.stdout, re.M)
+    job_id = submitted[1] if submitted else None
+    log = re.search(r"^job \S+ \S+, exit code \S+; log (.*)$", result.stdout, re.M)
+    text = Path(log[1]).read_text(errors="replace") if log and Path(log[1]).exists() else ""
+    return result, job_id, text
+
+
+def show_job(cluster, job_id):
+    return cluster.run(["scontrol", "show", "job", job_id]).stdout
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """scatter_gather's output in a world of one: every world size must give these bytes."""
+    out = tmp_path_factory.mktemp("reference") / "serial.npy"
+    result = run([PY, SCATTER_GATHER, "--rows", ROWS, "--output", out, "--quiet"], 120)
+    assert result.returncode == 0, result.stdout
+    return np.load(out)
+
+
+def check_scatter_gather(result, log, out, reference, size):
+    assert result.returncode == 0, f"{result.stdout}\n--- log:\n{log}"
+    assert "COMPLETED, exit code 0:0" in result.stdout
+    assert f"{size} ranks, backend gloo" in log, log
+    assert "verify: serial recomputation identical" in log, log
+    got = np.load(out)
+    assert got.shape == reference.shape and np.array_equal(got, reference)
+
+
+@pytest.mark.timeout(300)
+def test_scatter_gather_4_tasks_on_one_node(cluster, tmp_path, reference):
+    out = tmp_path / "out.npy"
+    result, job_id, log = submit(cluster, tmp_path, "-N", "1", "--ntasks-per-node", "4",
+                                 "-t", "5", SCATTER_GATHER, "--rows", ROWS, "--output", out,
+                                 "--verify")
+    check_scatter_gather(result, log, out, reference, 4)
+    assert "NodeList=127.0.0.2\n" in show_job(cluster, job_id)
+
+
+@pytest.mark.timeout(300)
+def test_scatter_gather_8_tasks_over_4_nodes(cluster, tmp_path, reference):
+    out = tmp_path / "out.npy"
+    result, job_id, log = submit(cluster, tmp_path, "-N", "4", "--ntasks-per-node", "2",
+                                 "--backend", "gloo", "-t", "5", SCATTER_GATHER,
+                                 "--rows", ROWS, "--output", out, "--verify", timeout=240)
+    check_scatter_gather(result, log, out, reference, 8)
+    info = show_job(cluster, job_id)
+    assert "NodeList=127.0.0.[2-5]" in info and "NumTasks=8" in info
+
+
+MPI_CHECK = """\
+import numpy as np
+from spmd import comm
+x = np.array([comm.rank + 1.0])
+comm.all_reduce(x)
+print(f"MPI-CHECK rank={comm.rank} size={comm.size} backend={comm.backend} "
+      f"launcher={comm.launcher} nodes={comm.num_nodes} sum={x[0]:g}", flush=True)
+"""
+
+
+@pytest.mark.timeout(180)
+def test_mpi_backend_through_srun_pmi2(cluster, tmp_path):
+    (tmp_path / "mpi_check.py").write_text(MPI_CHECK)
+    result, job_id, log = submit(cluster, tmp_path, "-N", "2", "--ntasks-per-node", "2",
+                                 "--backend", "mpi", "mpi_check.py")
+    assert result.returncode == 0, f"{result.stdout}\n--- log:\n{log}"
+    lines = sorted(re.findall(r"MPI-CHECK rank=(\d) size=4 backend=mpi launcher=mpich "
+                              r"nodes=2 sum=10\b", log))
+    assert lines == ["0", "1", "2", "3"], log
+    batch = next((tmp_path / "logs/submit").glob("*.sbatch")).read_text()
+    assert "srun --kill-on-bad-exit=1 --mpi=pmi2 " in batch
+
+
+FAILING = """\
+import time
+from spmd import comm
+comm.barrier()
+if comm.rank == 2:
+    raise ValueError("bad record 42")
+time.sleep(300)
+"""
+
+
+@pytest.mark.timeout(180)
+def test_a_failing_rank_ends_the_job_promptly_with_its_traceback(cluster, tmp_path):
+    (tmp_path / "failing.py").write_text(FAILING)
+    began = time.monotonic()
+    result, job_id, log = submit(cluster, tmp_path, "-N", "2", "--ntasks-per-node", "2",
+                                 "-t", "10", "failing.py")
+    elapsed = time.monotonic() - began
+    assert result.returncode != 0, result.stdout
+    assert re.search(rf"job {job_id} FAILED, exit code [1-9]", result.stdout), result.stdout
+    assert elapsed < 90, f"the job took {elapsed:.0f} s to end; the other ranks sleep 300 s"
+    assert "### spmd: rank 2 of 4" in log and "ValueError: bad record 42" in log, log
+    assert "JobState=FAILED" in show_job(cluster, job_id)
+
+
+ECHO = """\
+import json, os, sys
+from spmd import comm
+record = {"rank": comm.rank, "size": comm.size, "argv": sys.argv[1:],
+          "value": os.environ.get("SPMD_TEST_VALUE"), "name": os.environ.get("SLURM_JOB_NAME"),
+          "cwd": os.getcwd()}
+with open(f"echo-{comm.rank}.json", "w") as f:
+    json.dump(record, f)
+"""
+
+
+@pytest.mark.timeout(180)
+def test_quoting_cases_arrive_intact_and_nothing_runs(cluster, tmp_path):
+    marker = tmp_path / f"pwned-{os.getpid()}"
+    folder = tmp_path / "dir with 'quotes', #hash and $(x)"
+    folder.mkdir()
+    (folder / "echo job.py").write_text(ECHO)
+    evil = [f"$(touch {marker})", f"`touch {marker}`", "; touch " + str(marker)]
+    name = "job \"name\" 'q' #1, $(x) `y`"
+    value = f"a b,c #d 'e' \"f\" {evil[0]} {evil[1]}\nsecond line"
+    args = ["two words", *evil, "#hash", "a,b", "it's", 'say "hi"', "new\nline", ""]
+    result, job_id, log = submit(
+        cluster, folder, "-J", name, "-o", "logs with space/%x-%j.out", "-n", "2",
+        "--backend", "mpi", "--env", f"SPMD_TEST_VALUE={value}", "echo job.py", *args)
+    assert result.returncode == 0, f"{result.stdout}\n--- log:\n{log}"
+    for rank in (0, 1):
+        record = json.loads((folder / f"echo-{rank}.json").read_text())
+        assert record["argv"] == args
+        assert record["value"] == value
+        assert record["name"] == name
+        assert record["cwd"] == str(folder)
+    assert (folder / "logs with space" / f"{name}-{job_id}.out").exists()
+    assert not marker.exists()
+
+
+@pytest.mark.timeout(60)
+def test_unrepresentable_values_are_refused_before_sbatch(cluster, tmp_path):
+    (tmp_path / "job.py").write_text("pass\n")
+    for args, message in ((["-J", "two\nlines"], "contains a newline"),
+                          (["-o", "logs/\n%j.out"], "contains a newline"),
+                          (["--partition", "debug #x"], "--partition")):
+        proc = start([SUBMIT, *args, "job.py"], env_for(cluster), cwd=tmp_path)
+        result = finish(proc, 30, "bin/submit")
+        assert result.returncode == 1 and message in result.stdout, result.stdout
+    assert not (tmp_path / "logs").exists()  # no batch file written, nothing submitted
+
+
+@pytest.mark.timeout(120)
+def test_overridden_world_is_caught_and_sbatch_variables_reported(cluster, tmp_path):
+    (tmp_path / "job.py").write_text("pass\n")
+    env = env_for(cluster, SBATCH_NO_REQUEUE="1")
+    result, job_id, log = submit(cluster, tmp_path, "-N", "2", "--ntasks-per-node", "2",
+                                 "job.py", env=env)
+    assert "warning: SBATCH_NO_REQUEUE=1 is set and overrides" in result.stdout
+    assert result.returncode == 0, result.stdout
+    batch = next((tmp_path / "logs/submit").glob("*.sbatch"))
+    done = subprocess.run(["sbatch", "--parsable", "-n", "3", batch], env=env_for(cluster),
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    records = slurm.wait(slurm.parse_job_id(done.stdout)[0], environ=env_for(cluster))
+    assert [(r.state, r.exit_code) for r in records] == [("FAILED", 2)]
+    assert "expects 4 tasks on 2 nodes, 2 per node, but SLURM gave SLURM_NTASKS=3" in \
+        Path(records[0].stdout).read_text()
+
+
+PREEMPTIBLE = """\
+import os, time
+from spmd import comm, preempt
+restart = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+preempt.on_preempt(lambda: print(f"HOOK rank {comm.rank}", flush=True))
+if restart:
+    print(f"RESUMED rank {comm.rank} restart {restart}", flush=True)
+    raise SystemExit(0)
+open(f"ready.{comm.rank}", "w").close()
+for step in range(3000):
+    time.sleep(0.05)
+    if preempt.any_preempted(comm):
+        print(f"CHECKPOINT rank {comm.rank} step {step}", flush=True)
+        break
+"""
+
+
+@pytest.mark.timeout(180)
+def test_preemption_signal_runs_the_hook_and_requeues(cluster, tmp_path):
+    (tmp_path / "preemptible.py").write_text(PREEMPTIBLE)
+    proc = start([SUBMIT, "--wait", "--tail", "0", "-N", "2", "--ntasks-per-node", "1",
+                  "--backend", "mpi", "-t", "10", "--signal-before", "60", "--requeue",
+                  "preemptible.py"], env_for(cluster), cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 120
+        while not all((tmp_path / f"ready.{r}").exists() for r in (0, 1)):
+            assert proc.poll() is None and time.monotonic() < deadline, "the job did not start"
+            time.sleep(0.2)
+        job_id = cluster.run(["squeue", "-h", "-o", "%i %j"]).stdout.split()[0]
+        # What SLURM does 60 s before the limit: signal the batch shell (B:USR1).
+        cluster.run(["scancel", "--signal=USR1", "--batch", job_id])
+        while "Reason=BeginTime" not in show_job(cluster, job_id):  # requeued, held 2 min
+            assert proc.poll() is None and time.monotonic() < deadline, show_job(cluster, job_id)
+            time.sleep(0.2)
+        # Release it now; a start in the second its credential was revoked would fail.
+        time.sleep(2)
+        cluster.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"])
+    except BaseException:
+        proc.kill()
+        raise
+    result = finish(proc, 120, "bin/submit --wait of a requeued job")
+    assert result.returncode == 0, result.stdout
+    log = (tmp_path / "logs" / f"preemptible-{job_id}.out").read_text()
+    for text in ("HOOK rank 0", "HOOK rank 1", "CHECKPOINT rank 0", "CHECKPOINT rank 1",
+                 f"requeueing job {job_id}", "RESUMED rank 0 restart 1", "RESUMED rank 1 restart 1"):
+        assert text in log, log
+    assert "Restarts=1" in show_job(cluster, job_id)
