@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from spmd import comm
+from spmd import comm, preempt
 from spmd.data_parallel import (
     DataParallel,
     atomic_save,
@@ -161,11 +161,24 @@ def usage_error(message):
     sys.exit(2)
 
 
+# Set by spmd submit --signal-before: SLURM warns the job before its time is up.
+WARNED = bool(os.environ.get("SPMD_PREEMPT_SIGNAL"))
+
+
+def requeued(o):
+    """Tell whether SLURM restarted this job and its checkpoint is there to resume from."""
+    restarts = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+    return bool(restarts and o.checkpoint and "{step}" not in o.checkpoint
+                and os.path.exists(o.checkpoint))
+
+
 def start(o):
     """Build (or resume) model and optimizer; return them, the wrapper and the first step."""
     model = build_model(o.seed, o.dim, o.layers, o.heads, o.dropout)
     optimizer = make_optimizer(model, o.optimizer_name, o.lr)
     first = 0
+    if not o.resume and requeued(o):
+        o.resume = o.checkpoint
     if o.resume:
         state = load_checkpoint(o.resume)
         if state["optimizer_name"] != o.optimizer_name:
@@ -208,13 +221,22 @@ def train(o, model, optimizer, dp, first):
             window_loss, window_steps, window_start = 0.0, 0, time.perf_counter()
         if o.checkpoint and ((o.checkpoint_every and done % o.checkpoint_every == 0)
                              or done == o.steps):
-            state = {"step": done, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                     "optimizer_name": o.optimizer_name, "seed": o.seed,
-                     "global_batch": o.global_batch}
-            path = save_checkpoint(state, o.checkpoint.replace("{step}", str(done)))
-            if path:
-                say(f"checkpoint: step {done} -> {path}")
+            write_checkpoint(o, model, optimizer, done)
+        if WARNED and preempt.any_preempted(comm):  # every rank stops at the same step
+            if o.checkpoint:
+                write_checkpoint(o, model, optimizer, done)
+            say(f"preempted after step {done}: stopping; a requeued run resumes from the checkpoint")
+            sys.exit(0)
     return logged
+
+
+def write_checkpoint(o, model, optimizer, done):
+    """Save model and optimizer state at step done (rank 0 writes, atomically)."""
+    state = {"step": done, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+             "optimizer_name": o.optimizer_name, "seed": o.seed, "global_batch": o.global_batch}
+    path = save_checkpoint(state, o.checkpoint.replace("{step}", str(done)))
+    if path:
+        say(f"checkpoint: step {done} -> {path}")
 
 
 def finish(o, model, first, loss, seconds):

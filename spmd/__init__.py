@@ -35,4 +35,8 @@ def __getattr__(name):
         from .comms import base
 
         return getattr(base, name)
+    if name in ("preempt", "pipeline", "tasks", "data_parallel"):
+        import importlib
+
+        return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module 'spmd' has no attribute {name!r}")
