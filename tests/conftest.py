@@ -33,6 +33,9 @@ def clean_env(**extra):
         if not k.startswith(("SPMD_", "PMI_", "OMPI_", "PMIX_", "MV2_", "SLURM_"))
         and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
     }
+    # Unbuffered, print() writes text and newline separately, and mpirun may
+    # interleave another rank's output between them: keep stdout buffered.
+    env.pop("PYTHONUNBUFFERED", None)
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     env.update({k: str(v) for k, v in extra.items()})
     return env
