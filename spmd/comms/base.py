@@ -7,9 +7,12 @@ Every public collective validates its arguments here and calls a
 the result.
 """
 
+import numpy as np
+
 from ..errors import CollectiveError
 from ..monitor import Monitor
-from .arrays import check_array, check_op, dtype_name, is_tensor, split_sizes
+from . import meta
+from .arrays import check_array, check_op, is_tensor, split_sizes
 
 __all__ = ["Comm", "Handle", "Done"]
 
@@ -48,32 +51,6 @@ class Done(Handle):
 
     def __init__(self, result):
         self._done, self._result = True, result
-
-
-def _meta(x):
-    """Describe x for a peer that must allocate a matching buffer."""
-    return (
-        "torch" if is_tensor(x) else "numpy",
-        dtype_name(x),
-        tuple(x.shape[1:]),
-        x.shape[0] if x.ndim else None,
-    )
-
-
-def _check_metas(metas, what):
-    """Raise the same error on every rank unless the metas agree, else return lengths."""
-    kinds, dtypes, trails = {m[0] for m in metas}, {m[1] for m in metas}, {m[2] for m in metas}
-    scalar = [r for r, m in enumerate(metas) if m[3] is None]
-    if len(dtypes) > 1 or len(trails) > 1 or len(kinds) > 1 or scalar:
-        listing = "; ".join(
-            f"rank {r}: {m[0]} {m[1]} shape {('?',) + m[2] if m[3] is None else (m[3],) + m[2]}"
-            for r, m in enumerate(metas)
-        )
-        raise CollectiveError(
-            f"{what}: every rank must pass an array of at least one dimension with the same "
-            f"dtype and the same shape after dim 0 (only dim 0 may differ); got {listing}"
-        )
-    return [m[3] for m in metas]
 
 
 class Comm:
@@ -172,18 +149,27 @@ class Comm:
         None.  Chunk lengths along dim 0 may differ.
         """
         root = self._root(root)
-        header, parts, whole = None, None, None
+        header, parts, whole, error = None, None, None, None
         if self.rank == root:
             whole = None if isinstance(chunks, (list, tuple)) else chunks
             try:
-                parts, header = self._scatter_plan(chunks)
+                parts = self._scatter_parts(chunks)
+                header = meta.scatter_header(parts, self.size)
             except CollectiveError as exc:
-                header = {"error": str(exc)}
-        header = self.broadcast_object(header, root)
-        if "error" in header:
-            raise CollectiveError(header["error"])
+                header, error = meta.error_header(self.size), str(exc)
+        else:
+            header = np.zeros(1 + meta.WIDTH + self.size, dtype=np.int64)
+        self._broadcast_ints(header, root)
+        if header[0]:
+            raise CollectiveError(self._broadcast_object(error, root))
+        kind, dtype, trail, lengths = meta.read_header(header)
+        header = {"kind": kind, "dtype": dtype, "trail": trail, "lengths": lengths}
         args = (parts, whole, header, root, async_op)
         return self._call(self._scatter, args, "scatter", None, root, None, async_op)
+
+    def _lengths(self, x, what):
+        """Exchange array descriptions; return every rank's dim-0 length or raise everywhere."""
+        return meta.check_rows(self._allgather_ints(meta.encode(self._array(x))), what)
 
     def gather(self, x, root=0, async_op=False):
         """Collect every rank's x on root: a list on root, None elsewhere.
@@ -191,20 +177,20 @@ class Comm:
         Lengths along dim 0 may differ between ranks.
         """
         root = self._root(root)
-        lengths = _check_metas(self.all_gather_object(_meta(self._array(x))), "gather")
+        lengths = self._lengths(x, "gather")
         return self._call(self._gather, (x, lengths, root, async_op), "gather", x, root, None, async_op)
 
     def all_gather(self, x, async_op=False):
         """Collect every rank's x on every rank, as a list in rank order."""
-        lengths = _check_metas(self.all_gather_object(_meta(self._array(x))), "all_gather")
+        lengths = self._lengths(x, "all_gather")
         return self._call(self._all_gather, (x, lengths, async_op), "all_gather", x, None, None, async_op)
 
     def barrier(self):
         """Block until every rank has called barrier."""
         self._call(self._barrier, (), "barrier")
 
-    def _scatter_plan(self, chunks):
-        """On root: turn chunks into a list of size arrays and a header for all."""
+    def _scatter_parts(self, chunks):
+        """On root: turn chunks into a list of size arrays that agree, or raise."""
         if chunks is None:
             raise CollectiveError("scatter: the root rank must pass the chunks, got None")
         if isinstance(chunks, (list, tuple)):
@@ -221,10 +207,8 @@ class Comm:
             if chunks.ndim == 0:
                 raise CollectiveError("scatter: cannot split a 0-d array; pass a list of chunks")
             parts = self._split(chunks, split_sizes(chunks.shape[0], self.size))
-        metas = [_meta(p) for p in parts]
-        lengths = _check_metas(metas, "scatter")
-        kind, dtype, trail, _ = metas[0]
-        return parts, {"kind": kind, "dtype": dtype, "trail": trail, "lengths": lengths}
+        meta.check_rows([meta.encode(p) for p in parts], "scatter")
+        return parts
 
     @staticmethod
     def _split(x, sizes):

@@ -195,6 +195,15 @@ class MpiComm(Comm):
     def _barrier(self):
         self._c.Barrier()
 
+    def _allgather_ints(self, row):
+        out = np.empty((self.size, row.shape[0]), dtype=np.int64)
+        self._c.Allgather(row, out)
+        return out
+
+    def _broadcast_ints(self, ints, root):
+        self._c.Bcast(ints, root)
+        return ints
+
     # -- objects -------------------------------------------------------------
 
     def _broadcast_object(self, obj, root):

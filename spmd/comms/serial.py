@@ -38,6 +38,12 @@ class SerialComm(Comm):
     def _barrier(self):
         pass
 
+    def _allgather_ints(self, row):
+        return row[None, :]
+
+    def _broadcast_ints(self, ints, root):
+        return ints
+
     def _broadcast_object(self, obj, root):
         return obj
 

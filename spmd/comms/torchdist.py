@@ -21,6 +21,10 @@ _OPS = {
 }
 
 
+# Renamed in torch 2.13; the old name warns there.
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
 def _tensor(x):
     """Return a contiguous tensor sharing x's memory where possible, and a write-back."""
     if isinstance(x, np.ndarray):
@@ -182,6 +186,22 @@ class TorchComm(Comm):
 
     def _barrier(self):
         dist.barrier(group=self._group)
+
+    def _allgather_ints(self, row):
+        mine = torch.from_numpy(row).to(self.device)
+        out = torch.empty(self.size * row.shape[0], dtype=torch.int64, device=self.device)
+        _all_gather_single(out, mine, group=self._group)
+        return out.cpu().numpy().reshape(self.size, -1)
+
+    def _broadcast_ints(self, ints, root):
+        t = torch.from_numpy(ints)
+        if self.device == "cpu":
+            dist.broadcast(t, group=self._group, group_src=root)
+            return ints
+        moved = t.to(self.device)
+        dist.broadcast(moved, group=self._group, group_src=root)
+        ints[:] = moved.cpu().numpy()
+        return ints
 
     # -- objects -------------------------------------------------------------
 
