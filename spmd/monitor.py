@@ -62,7 +62,7 @@ def _describe(fp):
     if op is not None:
         parts.append(f"op={op}")
     if dtype is not None:
-        parts.append(f"{dtype} {tuple(shape)}")
+        parts.append(f"{str(dtype).replace('torch.', '')} {tuple(shape)}")
     if where:
         parts.append(f"at {where}")
     return " ".join(parts)
@@ -122,9 +122,10 @@ class Monitor:
     def note(self, name, x=None, root=None, op=None, where=None):
         """Count a collective and keep its fingerprint; return it."""
         self.seq += 1
-        has = x is not None
-        fp = (self.seq, name, root, op, str(x.dtype) if has else None,
-              tuple(x.shape) if has else (), where)
+        if x is None:
+            fp = (self.seq, name, root, op, None, (), where)
+        else:  # dtype and shape as they are: turned into text only when shown
+            fp = (self.seq, name, root, op, x.dtype, x.shape, where)
         self.ring.append(fp)
         return fp
 
@@ -135,7 +136,8 @@ class Monitor:
     def run(self, comm, fp, hook, args, x, async_op):
         """Run a collective with debug checks, NVTX ranges and tracing as enabled."""
         if self.debug:
-            fp = fp[:-1] + (_caller(),)
+            dtype = None if fp[4] is None else str(fp[4]).replace("torch.", "")
+            fp = fp[:4] + (dtype, tuple(fp[5]), _caller())
             self.ring[-1] = fp
             error = fingerprint_mismatch(comm._all_gather_object(fp))
             if error:

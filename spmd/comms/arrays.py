@@ -21,6 +21,7 @@ __all__ = [
 ]
 
 OPS = ("sum", "prod", "min", "max", "avg")
+_FAST = frozenset(OPS)
 
 
 def is_tensor(x):
@@ -31,7 +32,7 @@ def is_tensor(x):
 
 def check_array(x, what="x"):
     """Raise unless x is a torch tensor or a numpy array."""
-    if is_tensor(x) or isinstance(x, np.ndarray):
+    if isinstance(x, np.ndarray) or is_tensor(x):
         return x
     raise CollectiveError(
         f"{what} must be a torch.Tensor or a numpy.ndarray, got {type(x).__name__}; "
@@ -54,7 +55,7 @@ def is_floating(x):
 
 def check_op(op, x):
     """Return the canonical name of reduction op for x, or raise."""
-    name = str(op).lower()
+    name = op if op in _FAST else str(op).lower()
     if name not in OPS:
         raise CollectiveError(f"unknown reduction op {op!r}; expected one of {', '.join(OPS)}")
     if name == "avg" and not is_floating(x):

@@ -118,7 +118,7 @@ class Comm:
 
     def _check_device(self, x, what):
         """Raise unless x lives where this backend can send it (CPU here)."""
-        if is_tensor(x) and x.device.type != "cpu":
+        if not isinstance(x, np.ndarray) and x.device.type != "cpu":
             raise CollectiveError(
                 f"{what} is on {x.device} but the {self.backend} backend works on CPU tensors; "
                 "move it with .cpu(), or use the nccl backend for CUDA tensors"
@@ -207,16 +207,22 @@ class Comm:
             if chunks.ndim == 0:
                 raise CollectiveError("scatter: cannot split a 0-d array; pass a list of chunks")
             parts = self._split(chunks, split_sizes(chunks.shape[0], self.size))
-        meta.check_rows([meta.encode(p) for p in parts], "scatter")
+        first = parts[0]
+        if (
+            meta.dtype_code(first.dtype) < 0
+            or not 0 < first.ndim <= meta.MAX_TRAIL + 1
+            or any(p.dtype != first.dtype or p.shape[1:] != first.shape[1:] for p in parts)
+        ):
+            meta.check_rows([meta.encode(p) for p in parts], "scatter")  # raises, naming each
         return parts
 
     @staticmethod
     def _split(x, sizes):
-        if is_tensor(x):
-            return list(x.split(sizes))
-        import numpy as np
-
-        return np.split(x, np.cumsum(sizes)[:-1])
+        out, start = [], 0
+        for n in sizes:
+            out.append(x[start : start + n])
+            start += n
+        return out
 
     # -- objects -------------------------------------------------------------
 

@@ -10,7 +10,7 @@ object would cost two (or a pickle round trip).
 import numpy as np
 
 from ..errors import CollectiveError
-from .arrays import dtype_name, is_tensor
+from .arrays import is_tensor
 
 __all__ = ["WIDTH", "encode", "decode", "check_rows", "scatter_header", "read_header"]
 
@@ -24,36 +24,46 @@ WIDTH = 4 + MAX_TRAIL  # kind, dtype, length of dim 0 (-1: 0-d), number of trail
 _KINDS = ("numpy", "torch")
 
 
-def encode(x, out=None):
-    """Write x's description into out (a row of WIDTH int64), or a new row."""
-    row = np.zeros(WIDTH, dtype=np.int64) if out is None else out
+_BY_DTYPE = {}  # dtype object -> code; str() of a numpy dtype costs microseconds
+
+
+def dtype_code(dtype):
+    """Return the code of a numpy or torch dtype, or -1 when not supported."""
+    code = _BY_DTYPE.get(dtype)
+    if code is None:
+        code = _BY_DTYPE[dtype] = _CODE.get(str(dtype).replace("torch.", ""), -1)
+    return code
+
+
+def encode(x):
+    """Return x's description: a row of WIDTH int64."""
     shape = x.shape
-    row[0] = 1 if is_tensor(x) else 0
-    row[1] = _CODE.get(dtype_name(x), -1)
-    row[2] = shape[0] if shape else -1
     trail = shape[1:]
-    row[3] = len(trail) if len(trail) <= MAX_TRAIL else -1
-    row[4 : 4 + min(len(trail), MAX_TRAIL)] = trail[:MAX_TRAIL]
-    return row
+    values = [1 if is_tensor(x) else 0, dtype_code(x.dtype), shape[0] if shape else -1,
+              len(trail) if len(trail) <= MAX_TRAIL else -1, *trail[:MAX_TRAIL]]
+    values += [0] * (WIDTH - len(values))
+    return np.array(values, dtype=np.int64)
 
 
 def decode(row):
     """Return (kind, dtype, trailing shape, length of dim 0 or None) from a row."""
-    ntrail = int(row[3])
-    trail = tuple(int(d) for d in row[4 : 4 + max(ntrail, 0)])
+    row = row.tolist() if hasattr(row, "tolist") else row
+    ntrail = row[3]
+    trail = tuple(row[4 : 4 + ntrail]) if ntrail >= 0 else "too many dims"
     dtype = DTYPES[row[1]] if 0 <= row[1] < len(DTYPES) else "unsupported"
-    return _KINDS[int(row[0])], dtype, trail if ntrail >= 0 else "too many dims", (
-        int(row[2]) if row[2] >= 0 else None
-    )
+    return _KINDS[row[0]], dtype, trail, (row[2] if row[2] >= 0 else None)
 
 
 def check_rows(rows, what):
     """Raise the same error on every rank unless the rows agree; return the lengths."""
+    rows = rows.tolist() if hasattr(rows, "tolist") else [r.tolist() for r in rows]
+    first = rows[0]
+    head, tail = first[:2], first[3:]
+    if first[1] >= 0 and first[3] >= 0 and all(
+        r[:2] == head and r[3:] == tail and r[2] >= 0 for r in rows
+    ):
+        return [r[2] for r in rows]
     metas = [decode(r) for r in rows]
-    first = metas[0]
-    if all(m[:3] == first[:3] and m[3] is not None for m in metas) and first[1] != "unsupported" \
-            and first[2] != "too many dims":
-        return [m[3] for m in metas]
     listing = "; ".join(f"rank {r}: {m[0]} {m[1]} shape {_shape(m)}" for r, m in enumerate(metas))
     raise CollectiveError(
         f"{what}: every rank must pass an array of at least one dimension, at most "
@@ -70,10 +80,7 @@ def _shape(meta):
 
 def scatter_header(parts, size):
     """Return root's header row for scatter: flag 0, one description, then every length."""
-    header = np.zeros(1 + WIDTH + size, dtype=np.int64)
-    encode(parts[0], header[1 : 1 + WIDTH])
-    header[1 + WIDTH :] = [p.shape[0] for p in parts]
-    return header
+    return np.array([0, *encode(parts[0]).tolist(), *(p.shape[0] for p in parts)], dtype=np.int64)
 
 
 def error_header(size):
@@ -85,5 +92,6 @@ def error_header(size):
 
 def read_header(header):
     """Return (kind, dtype, trail, lengths) from a scatter header."""
-    kind, dtype, trail, _ = decode(header[1 : 1 + WIDTH])
-    return kind, dtype, trail, [int(n) for n in header[1 + WIDTH :]]
+    values = header.tolist()
+    kind, dtype, trail, _ = decode(values[1 : 1 + WIDTH])
+    return kind, dtype, trail, values[1 + WIDTH :]

@@ -160,9 +160,10 @@ class MpiComm(Comm):
         """Allocate the receive side of a gatherv of x: (full, flat bytes, counts)."""
         c, _ = _contiguous(x)
         trail = tuple(c.shape[1:])
-        full = self._empty("numpy" if isinstance(x, np.ndarray) else "torch",
-                           str(c.dtype).replace("torch.", ""), (sum(lengths),) + trail)
-        counts = [n * _row_bytes(full, trail) for n in lengths]
+        shape = (sum(lengths),) + trail
+        full = np.empty(shape, c.dtype) if isinstance(c, np.ndarray) else c.new_empty(shape)
+        row = _row_bytes(full, trail)
+        counts = [n * row for n in lengths]
         return _bytes(c), full, [_bytes(full), counts, _displs(counts), MPI.BYTE]
 
     def _gather(self, x, lengths, root, async_op):
