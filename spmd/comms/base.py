@@ -136,9 +136,25 @@ class Comm:
         root, op = self._root(root), check_op(op, self._array(x))
         return self._call(self._reduce, (x, root, op, async_op), "reduce", x, root, op, async_op)
 
-    def all_reduce(self, x, op="sum", async_op=False):
-        """Combine x over ranks into every rank's x, in place; return x."""
+    def all_reduce(self, x, op="sum", async_op=False, chunk_bytes=None):
+        """Combine x over ranks into every rank's x, in place; return x.
+
+        x may be a list of arrays: they are reduced as one flat buffer per
+        dtype, one call instead of one per array.  With ``chunk_bytes`` a
+        large x is reduced in pieces of at most that size (blocking), so
+        the backend's scratch memory stays bounded.
+        """
+        if isinstance(x, (list, tuple)):
+            from .coalesce import all_reduce_many
+
+            return all_reduce_many(self, x, op, async_op)
         op = check_op(op, self._array(x))
+        if chunk_bytes is not None and x.ndim and x.shape[0] > 1:
+            from .coalesce import all_reduce_chunked, nbytes
+
+            if nbytes(x) > chunk_bytes:
+                result = all_reduce_chunked(self, x, op, chunk_bytes)
+                return Done(result) if async_op else result
         return self._call(self._all_reduce, (x, op, async_op), "all_reduce", x, None, op, async_op)
 
     def scatter(self, chunks=None, root=0, async_op=False):

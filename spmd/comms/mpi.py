@@ -3,7 +3,7 @@
 Data movement (broadcast, scatter, gathers) works on byte views, so
 every dtype travels, bfloat16 included.  Reductions use MPI's typed
 operations; bool uses the logical ones and bfloat16 is reduced in
-float32.
+float32.  Large reduces run as allreduces, which MPICH does faster.
 """
 
 import sys
@@ -14,6 +14,10 @@ from mpi4py import MPI
 from .base import Comm, Done, Handle
 
 __all__ = ["MpiComm"]
+
+#: From this many bytes on, reduce runs as an allreduce (into scratch space on
+#: the other ranks): MPICH's reduce is several times slower there (docs/performance.md).
+REDUCE_BY_ALLREDUCE = 256 * 1024
 
 _OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX, "avg": MPI.SUM}
 _BOOL_OPS = {"sum": MPI.LOR, "prod": MPI.LAND, "min": MPI.LAND, "max": MPI.LOR}
@@ -108,6 +112,14 @@ class MpiComm(Comm):
         if self.rank != root:
             c, _ = _contiguous(x)
             a, _, mop = self._reduction(c, op)
+            if a.nbytes >= REDUCE_BY_ALLREDUCE:  # the result lands in scratch space
+                scratch = np.empty_like(a)
+                return self._go(
+                    async_op,
+                    lambda: self._c.Allreduce(a, scratch, mop),
+                    lambda: self._c.Iallreduce(a, scratch, mop),
+                    lambda: x,
+                )
             return self._go(
                 async_op,
                 lambda: self._c.Reduce(a, None, mop, root),
@@ -116,6 +128,13 @@ class MpiComm(Comm):
             )
         c, back = _contiguous(x)
         a, widened, mop = self._reduction(c, op)
+        if a.nbytes >= REDUCE_BY_ALLREDUCE:
+            return self._go(
+                async_op,
+                lambda: self._c.Allreduce(MPI.IN_PLACE, a, mop),
+                lambda: self._c.Iallreduce(MPI.IN_PLACE, a, mop),
+                lambda: self._finish_reduce(x, a, op, widened, back),
+            )
         return self._go(
             async_op,
             lambda: self._c.Reduce(MPI.IN_PLACE, a, mop, root),

@@ -159,6 +159,24 @@ if not NUMPY_ONLY:
     res = h.wait()
     ok(res is None if r else [int(v) for v in res] == R, "async gather")
 
+# -- coalesced and chunked all_reduce, large reduce ------------------------------
+tensors = [np.full((k + 1, 3), float(r + k)) for k in range(5)] + [np.full(4, r, dtype=np.int64)]
+ok(comm.all_reduce(tensors) is tensors, "coalesced all_reduce returns the list")
+for k in range(5):
+    same(tensors[k], np.full((k + 1, 3), float(sum(q + k for q in R))), f"coalesced all_reduce float {k}")
+same(tensors[5], np.full(4, sum(R)), "coalesced all_reduce int64")
+h = comm.all_reduce([np.ones(3), np.ones(2, dtype=np.int32)], op="max", async_op=True)
+same(h.wait()[1], [1, 1], "async coalesced all_reduce")
+big = np.arange(100_000, dtype=np.float64) * (r + 1)
+comm.all_reduce(big, chunk_bytes=64 * 1024)
+same(big[[0, 1, 99_999]], [0.0, n * (n + 1) / 2, 99_999 * n * (n + 1) / 2], "chunked all_reduce")
+strided = np.ones((1000, 8))[:, ::2] * (r + 1)
+comm.all_reduce(strided, chunk_bytes=4096)
+same(strided[999], [n * (n + 1) / 2] * 4, "chunked all_reduce, non-contiguous")
+large = np.full(300_000, float(r + 1))  # past the reduce-by-allreduce size on mpi
+comm.reduce(large, root=n - 1)
+same(large[[0, -1]], [n * (n + 1) / 2] * 2 if r == n - 1 else [r + 1.0] * 2, "large reduce, others unchanged")
+
 # -- objects -------------------------------------------------------------
 ok(comm.broadcast_object({"a": [1, 2]} if r == 0 else None) == {"a": [1, 2]}, "broadcast_object")
 g = comm.gather_object(("rank", r), root=0)
