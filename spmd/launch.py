@@ -56,6 +56,7 @@ def child_env(rank, size, *, port, master_addr="127.0.0.1", backend=None,
         MASTER_ADDR=master_addr, MASTER_PORT=str(port),
         PYTHONUNBUFFERED="1",
     )
+    env.setdefault("THP_MEM_ALLOC_ENABLE", "1")  # huge pages for torch's buffers, as numpy gets
     if backend is not None:
         env["SPMD_BACKEND"] = backend
     if timeout is not None:
