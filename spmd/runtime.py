@@ -44,8 +44,12 @@ def _init_mpi_within(MPI, placement, seconds):
     """
     parent = os.getpid()
     child = os.fork()
-    if child == 0:  # the watcher: sleep, then speak and end the parent
-        time.sleep(seconds)
+    if child == 0:  # the watcher: wait, then speak and end the parent
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            time.sleep(0.2)
+            if os.getppid() != parent:  # the parent is gone: never kill a reused pid
+                os._exit(0)
         os.write(2, (
             f"### spmd: rank {placement.rank}: MPI_Init did not complete within {seconds:g} s: "
             f"not all {placement.size} ranks started (see the launcher's output), "
