@@ -241,14 +241,14 @@ def abort_job(code=1):
     """End this process now and make every other rank end too."""
     from .watchdog import Hub, exit_now
 
-    for guard in _guards:
-        if isinstance(guard, Hub):
-            guard.fail()
     mpi = sys.modules.get("mpi4py.MPI")
     if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
         sys.stdout.flush()
         sys.stderr.flush()
-        mpi.COMM_WORLD.Abort(code)
+        mpi.COMM_WORLD.Abort(code)  # the launcher ends every rank, with this code
+    for guard in _guards:
+        if isinstance(guard, Hub):
+            guard.fail()
     exit_now(code)
 
 
