@@ -232,7 +232,11 @@ def chrome_trace(per_rank):
 
 
 def write_trace(path, per_rank):
-    """Write the merged Chrome trace to path atomically."""
+    """Write the merged Chrome trace to path, atomically when it is a regular file."""
+    if os.path.exists(path) and not os.path.isfile(path):  # a device or a pipe: write into it
+        with open(path, "w") as f:
+            json.dump(chrome_trace(per_rank), f)
+        return
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "w") as f:
         json.dump(chrome_trace(per_rank), f)

@@ -3,7 +3,9 @@
 Run under a launcher: mpirun -n 2 python tests/tools/debug_cost.py [gloo|mpi]
 """
 
+import os
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -29,10 +31,12 @@ for nbytes in (8, 64 * 1024, 4 * 1024 * 1024):
     x = np.ones(nbytes // 8)
     n = 2000 if nbytes < 1e6 else 50
     results = {}
+    trace = os.path.join(tempfile.gettempdir(), "spmd-debug-cost-trace.json")
     for mode, monitor in (("plain", Monitor()), ("debug", Monitor(debug=True)),
-                          ("trace", Monitor(trace="/dev/null"))):
+                          ("trace", Monitor(trace=trace))):
         comm._mon = monitor
         results[mode] = per_call(lambda: comm.all_reduce(x), n)
+    comm._mon = Monitor()  # no trace report at finalize
     rows.append((nbytes, results))
 if comm.rank == 0:
     print(f"all_reduce on {comm.size} ranks, backend {comm.backend}: median microseconds per call")
