@@ -157,6 +157,8 @@ class Monitor:
         return result
 
     def _record(self, comm, fp, x, wall, start, result, async_op):
+        if x is None and hasattr(result, "shape"):  # scatter: what arrived here
+            x = result
         event = {"name": fp[1], "seq": fp[0], "bytes": _nbytes(x), "ts": wall, "dur": None}
         self.events.append(event)
         if not async_op:
