@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from conftest import MPIRUN, PY, REPO, clean_env, run, tool
+from conftest import MPIRUN, REPO, clean_env, run, tool
 from spmd.monitor import Monitor, chrome_trace, fingerprint_mismatch, summarize
 
 

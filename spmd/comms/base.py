@@ -12,7 +12,7 @@ import numpy as np
 from ..errors import CollectiveError
 from ..monitor import Monitor
 from . import meta
-from .arrays import check_array, check_op, is_tensor, split_sizes
+from .arrays import check_array, check_op, split_sizes
 
 __all__ = ["Comm", "Handle", "Done"]
 

@@ -11,7 +11,7 @@ import sys
 import numpy as np
 from mpi4py import MPI
 
-from .base import Comm, Done, Handle
+from .base import Comm, Handle
 
 __all__ = ["MpiComm"]
 
