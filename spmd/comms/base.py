@@ -234,6 +234,7 @@ class Comm:
 
     @staticmethod
     def _split(x, sizes):
+        """Cut x along dim 0 into views of the given lengths."""
         out, start = [], 0
         for n in sizes:
             out.append(x[start : start + n])

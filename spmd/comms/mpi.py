@@ -200,7 +200,7 @@ class MpiComm(Comm):
             async_op,
             lambda: self._c.Gatherv(send, recv, root),
             lambda: self._c.Igatherv(send, recv, root),
-            lambda: _pieces(full, lengths),
+            lambda: self._split(full, lengths),
         )
 
     def _all_gather(self, x, lengths, async_op):
@@ -209,7 +209,7 @@ class MpiComm(Comm):
             async_op,
             lambda: self._c.Allgatherv(send, recv),
             lambda: self._c.Iallgatherv(send, recv),
-            lambda: _pieces(full, lengths),
+            lambda: self._split(full, lengths),
         )
 
     def _barrier(self):
@@ -264,13 +264,4 @@ def _displs(counts):
     for n in counts:
         out.append(total)
         total += n
-    return out
-
-
-def _pieces(full, lengths):
-    """Split full along dim 0 into views of the given lengths."""
-    out, start = [], 0
-    for n in lengths:
-        out.append(full[start : start + n])
-        start += n
     return out
