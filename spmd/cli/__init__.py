@@ -12,10 +12,12 @@ def main():
 
 
 def _register():
+    from .bench import bench
     from .info import info
     from .run import run
     from .submit import submit
 
+    main.add_command(bench)
     main.add_command(info)
     main.add_command(run)
     main.add_command(submit)

@@ -1,0 +1,213 @@
+"""``spmd bench``: time every collective against raw mpi4py and raw gloo.
+
+Run it under a launcher (``mpirun -n 2 spmd bench``), or let it start
+``mpirun -n N`` itself with ``--launch N``.  ``--startup`` instead
+launches small jobs one after another and reports where start-up time
+goes.
+"""
+
+import os
+import subprocess
+import sys
+import time
+import traceback
+
+import click
+
+from ..errors import SpmdError
+
+__all__ = ["bench"]
+
+CHOICES = ("broadcast", "reduce", "all_reduce", "scatter", "gather", "all_gather",
+           "scatter_uneven", "gather_uneven", "all_reduce_many")
+
+
+def _names(value, allowed, what):
+    names = tuple(v.strip() for v in value.split(",") if v.strip())
+    bad = [n for n in names if n not in allowed]
+    if bad or not names:
+        raise click.BadParameter(f"unknown {what} {', '.join(bad) or '(none)'}; choose from {', '.join(allowed)}")
+    return names
+
+
+def _settings(opts):
+    from ..bench import IMPLS, Settings, default_sizes, parse_size
+
+    try:
+        if opts["sizes"]:
+            sizes = tuple(sorted({parse_size(s) for s in opts["sizes"].split(",") if s.strip()}))
+        else:
+            sizes = default_sizes(parse_size(opts["min_size"]), parse_size(opts["max_size"]), opts["factor"])
+        count, _, each = opts["many"].lower().partition("x")
+        many = (int(count), parse_size(each))
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    impls = opts["impls"]
+    return Settings(
+        collectives=_names(opts["collectives"], CHOICES, "collective"),
+        sizes=sizes,
+        impls=_names(impls, IMPLS + ("mpi4py-torchbuf",), "implementation") if impls else None,
+        rounds=opts["rounds"],
+        target=opts["target"],
+        many=many,
+        verify=opts["verify"],
+    )
+
+
+def _relaunch(ctx, ranks):
+    """Run this same command under mpirun -n ranks and return its exit code."""
+    from ..bench.startup import find_mpirun
+
+    mpirun = find_mpirun()
+    if mpirun is None:
+        raise click.ClickException("--launch needs mpirun: pip install mpich, or start spmd bench under your launcher")
+    args = []
+    for param in ctx.command.params:
+        value = ctx.params.get(param.name)
+        given = ctx.get_parameter_source(param.name) == click.core.ParameterSource.COMMANDLINE
+        if param.name == "launch" or not given:
+            continue
+        if param.is_flag:
+            args.append(param.opts[0] if value else param.secondary_opts[0])
+        else:
+            args += [param.opts[0], str(value)]
+    cmd = [mpirun, "-n", str(ranks), sys.executable, "-m", "spmd.cli.bench"] + args
+    click.echo("running: " + " ".join(cmd), err=True)
+    return subprocess.call(cmd)
+
+
+_POSITIVE = click.FloatRange(min=0, min_open=True)
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--launch", type=click.IntRange(min=2), metavar="N",
+              help="Start mpirun -n N of this command yourself (else run under a launcher).")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False),
+              help="Write rows, summary and metadata here.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False),
+              help="Write a PNG of busbw against size (needs matplotlib).")
+@click.option("--collectives", default=",".join(CHOICES), show_default=True, help="Comma-separated list.")
+@click.option("--impls", help="Comma-separated subset of spmd-mpi, mpi4py, spmd-gloo, gloo (also "
+              "mpi4py-torchbuf: raw mpi4py on torch-allocated memory) [default: all available].")
+@click.option("--backends", help="mpi,gloo: the worlds to start [default: mpi,gloo under MPI, else gloo].")
+@click.option("--sizes", help="Exact sizes, comma-separated: 8,1K,1M (binary units).")
+@click.option("--min-size", default="8", show_default=True, help="Smallest size of the sweep.")
+@click.option("--max-size", default="256M", show_default=True, help="Largest size of the sweep.")
+@click.option("--factor", default=4, show_default=True, type=click.IntRange(min=2), help="Step of the sweep.")
+@click.option("--rounds", default=3, show_default=True, type=click.IntRange(min=1),
+              help="Rounds; each implementation takes a turn per size per round.")
+@click.option("--target-time", "target", default=0.1, show_default=True, type=_POSITIVE,
+              help="Seconds of samples per implementation, size and round.")
+@click.option("--many", default="200x4K", show_default=True, help="all_reduce_many: COUNTxBYTES tensors.")
+@click.option("--threads", type=click.IntRange(min=1),
+              help="torch threads per rank [default: cores / ranks per node].")
+@click.option("--spread", is_flag=True, help="Show p10-p90 in the table.")
+@click.option("--verify/--no-verify", default=True, show_default=True,
+              help="Check each implementation's result first.")
+@click.option("--quiet", is_flag=True, help="No progress lines.")
+@click.option("--alone", is_flag=True, help="Run in a world of one, without a launcher (MPI.COMM_SELF and "
+              "a one-rank gloo group): spmd minus raw is then each wrapper's own cost per call.")
+@click.option("--cpu-clock", is_flag=True, help="With --alone: time with this process's CPU clock "
+              "(all its threads), which other jobs on the machine barely disturb.")
+@click.option("--startup", is_flag=True,
+              help="Measure start-up instead: separate mpirun launches (not under a launcher).")
+@click.option("--startup-ranks", default=8, show_default=True, type=click.IntRange(min=1),
+              help="Ranks of each start-up launch.")
+@click.option("--repeats", default=5, show_default=True, type=click.IntRange(min=1),
+              help="Start-up launches per scenario.")
+@click.option("--script", type=click.Path(exists=True, dir_okay=False),
+              help="Start-up: time to the first collective of this script "
+                   "[default: jobs/scatter_gather.py, else jobs/collectives.py, if present].")
+@click.pass_context
+def bench(ctx, **opts):
+    """Time the six collectives (and uneven chunks, and a list of small
+    tensors) on spmd's mpi and gloo backends against raw mpi4py and raw
+    torch.distributed gloo, in the same processes, interleaved in rounds.
+
+    Prints a table on rank 0 (median time per call and busbw), and
+    writes JSON and a plot when asked.  Example:
+
+        mpirun -n 2 spmd bench --max-size 64M --json out.json --plot out.png
+    """
+    if opts["startup"]:
+        _startup(opts["startup_ranks"], opts["repeats"], opts["script"], opts["json_path"], opts["quiet"])
+        return
+    settings = _settings(opts)
+    if opts["cpu_clock"] and not opts["alone"]:
+        raise click.UsageError("--cpu-clock needs --alone: with peers, waiting for them takes no CPU")
+    settings.clock = "cpu" if opts["cpu_clock"] else "wall"
+    if opts["launch"]:
+        if opts["alone"]:
+            raise click.UsageError("--alone runs in this process; leave out --launch")
+        sys.exit(_relaunch(ctx, opts["launch"]))
+    _in_world(settings, opts)
+
+
+def _in_world(settings, opts):
+    from ..bench import open_alone, open_world, run
+    from ..bench.report import document, meta, plot, summary, summary_table, table, write_json
+    from ..placement import detect
+
+    started, load, thp = time.time(), list(os.getloadavg()), os.environ.get("THP_MEM_ALLOC_ENABLE")
+    alone = opts["alone"]
+    if opts["backends"]:
+        wanted = _names(opts["backends"], ("mpi", "gloo"), "backend")
+    else:
+        wanted = ("mpi", "gloo") if alone or detect(os.environ).is_mpi else ("gloo",)
+    try:
+        world = (open_alone if alone else open_world)(wanted, opts["threads"])
+    except SpmdError as exc:
+        raise click.ClickException(str(exc)) from None
+    lead = world.rank == 0
+
+    def progress(row):
+        click.echo(f"  {row['collective']:<16}{row['impl']:<20}{row['size']:>11} B "
+                   f"{row['time_us']:>12.1f} us", err=True)
+
+    try:
+        rows = run(world, settings, None if opts["quiet"] or not lead else progress)
+        info = meta(world, settings, started, load_start=load, thp_env_start=thp)
+    except BaseException:
+        if world.size > 1 and world.mpi is not None:  # peers may wait forever: end the job
+            traceback.print_exc()
+            world.mpi.Abort(1)
+        raise
+    world.close()
+    if not lead:
+        return
+    click.echo(table(rows, opts["spread"]))
+    click.echo(summary_table(summary(rows)))
+    if opts["json_path"]:
+        write_json(opts["json_path"], document(rows, info))
+        click.echo(f"wrote {opts['json_path']}", err=True)
+    if opts["plot_path"]:
+        try:
+            plot(rows, opts["plot_path"], f"spmd bench, {world.size} ranks on {info['hosts'][0]}")
+        except RuntimeError as exc:
+            raise click.ClickException(str(exc)) from None
+        click.echo(f"wrote {opts['plot_path']}", err=True)
+
+
+def _startup(ranks, repeats, script, json_path, quiet):
+    from ..bench.report import write_json
+    from ..bench.startup import measure, startup_table
+
+    if script is None:
+        for candidate in ("jobs/scatter_gather.py", "jobs/collectives.py"):
+            if os.path.exists(candidate):
+                script = candidate
+                break
+    progress = None if quiet else (lambda line: click.echo(line, err=True))
+    try:
+        rows = measure(ranks, repeats, script and os.path.abspath(script), progress=progress)
+    except (RuntimeError, subprocess.TimeoutExpired) as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(startup_table(rows))
+    if json_path:
+        write_json(json_path, {"schema": "spmd-bench-startup/1", "load_average": list(os.getloadavg()),
+                               "startup": rows})
+        click.echo(f"wrote {json_path}", err=True)
+
+
+if __name__ == "__main__":
+    bench(prog_name="spmd bench")
