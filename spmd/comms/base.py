@@ -118,7 +118,7 @@ class Comm:
 
     def _check_device(self, x, what):
         """Raise unless x lives where this backend can send it (CPU here)."""
-        if not isinstance(x, np.ndarray) and x.device.type != "cpu":
+        if not isinstance(x, np.ndarray) and not x.is_cpu:
             raise CollectiveError(
                 f"{what} is on {x.device} but the {self.backend} backend works on CPU tensors; "
                 "move it with .cpu(), or use the nccl backend for CUDA tensors"

@@ -23,6 +23,43 @@ _OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX, "avg":
 _BOOL_OPS = {"sum": MPI.LOR, "prod": MPI.LAND, "min": MPI.LAND, "max": MPI.LOR}
 
 
+_TYPES = {}  # numpy or torch dtype -> MPI datatype, for the fast path
+
+
+def _mpi_type(dtype):
+    """Return the MPI datatype for a plain numeric dtype, or None (bool, bfloat16, ...)."""
+    try:
+        return _TYPES[dtype]
+    except KeyError:
+        pass
+    name = str(dtype).replace("torch.", "")
+    try:
+        char = np.dtype(name).char if name not in ("bool", "bfloat16") else None
+    except TypeError:
+        char = None
+    # Predefined types only: MPI's reductions are not defined on derived ones.
+    mpi_type = MPI._typedict.get(char) if char else None
+    _TYPES[dtype] = mpi_type
+    return mpi_type
+
+
+def _direct(x):
+    """Return an MPI buffer spec over x itself when x needs no conversion, else None.
+
+    The fast path of the in-place collectives: a contiguous CPU array of
+    a plain numeric dtype goes to MPI by address, without views or copies.
+    """
+    if type(x) is np.ndarray:
+        if x.flags.c_contiguous and x.size and _mpi_type(x.dtype) is not None:
+            return x
+        return None
+    if x.is_cpu and x.is_contiguous() and x.numel():
+        mpi_type = _mpi_type(x.dtype)
+        if mpi_type is not None:
+            return [MPI.buffer.fromaddress(x.data_ptr(), x.nbytes), mpi_type]
+    return None
+
+
 def _contiguous(x):
     """Return a contiguous version of x and a write-back into x, or None."""
     if isinstance(x, np.ndarray):
@@ -84,6 +121,11 @@ class MpiComm(Comm):
     # -- reductions and broadcast ----------------------------------------------
 
     def _broadcast(self, x, root, async_op):
+        if not async_op:
+            buf = _direct(x)
+            if buf is not None:
+                self._c.Bcast(buf, root)
+                return x
         c, back = _contiguous(x)
         b = _bytes(c)
         return self._go(
@@ -99,6 +141,11 @@ class MpiComm(Comm):
         return a, widened, mop
 
     def _all_reduce(self, x, op, async_op):
+        if not async_op and op != "avg":
+            buf = _direct(x)
+            if buf is not None:
+                self._c.Allreduce(MPI.IN_PLACE, buf, _OPS[op])
+                return x
         c, back = _contiguous(x)
         a, widened, mop = self._reduction(c, op)
         return self._go(
@@ -109,6 +156,14 @@ class MpiComm(Comm):
         )
 
     def _reduce(self, x, root, op, async_op):
+        if not async_op and op != "avg" and x.nbytes < REDUCE_BY_ALLREDUCE:
+            buf = _direct(x)
+            if buf is not None:
+                if self.rank == root:
+                    self._c.Reduce(MPI.IN_PLACE, buf, _OPS[op], root)
+                else:
+                    self._c.Reduce(buf, None, _OPS[op], root)
+                return x
         if self.rank != root:
             c, _ = _contiguous(x)
             a, _, mop = self._reduction(c, op)
