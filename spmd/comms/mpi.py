@@ -75,12 +75,10 @@ def _contiguous(x):
 
 
 def _bytes(a):
-    """Return a flat uint8 numpy view of contiguous array or tensor a."""
+    """Return the memory of contiguous array or tensor a as a flat byte buffer."""
     if isinstance(a, np.ndarray):
         return a.reshape(-1).view(np.uint8)
-    import torch
-
-    return a.reshape(-1).view(torch.uint8).numpy()
+    return MPI.buffer.fromaddress(a.data_ptr(), a.nbytes)  # any dtype, no view objects
 
 
 def _typed(c):
