@@ -12,11 +12,13 @@ import os
 import runpy
 import socket
 import sys
+import time
 import traceback
 
 __all__ = ["run_script", "abort", "report_failure"]
 
 USAGE = "usage: python -m spmd [-m module | script.py] [args...]"
+PEER_GRACE = 3.0  # seconds
 
 
 def _who():
@@ -37,8 +39,16 @@ def _who():
     return f"{who} on {socket.gethostname()} (pid {os.getpid()})"
 
 
+#: Errors that mean a peer vanished; the hub in rank 0 names the dead rank better.
+_PEER_LOST = ("closed by peer", "reset by peer", "Broken pipe", "Connection refused")
+
+
 def report_failure(exc_type, exc, tb):
     """Write a traceback headed by the failing rank, host and pid to stderr."""
+    if any(words in str(exc) for words in _PEER_LOST):
+        # Most likely another rank died inside this collective: give the hub
+        # a moment to say which, and to end this rank, before blaming this one.
+        time.sleep(PEER_GRACE)
     text = "".join(traceback.format_exception(exc_type, exc, tb))
     sys.stderr.write(f"### spmd: {_who()} failed:\n{text}")
     sys.stderr.flush()
