@@ -24,19 +24,20 @@ def _flatten(group):
         return np.concatenate([a.reshape(-1) for a in group])
     import torch
 
-    return torch.cat([t.reshape(-1) for t in group])
+    return torch.cat([t if t.dim() == 1 else t.reshape(-1) for t in group])
 
 
 def _unflatten(flat, group):
-    start = 0
-    for x in group:
-        n = x.size if isinstance(x, np.ndarray) else x.numel()
-        piece = flat[start : start + n].reshape(x.shape)
-        if isinstance(x, np.ndarray):
-            np.copyto(x, piece)
-        else:
-            x.copy_(piece)
-        start += n
+    if isinstance(flat, np.ndarray):
+        start = 0
+        for x in group:
+            np.copyto(x, flat[start : start + x.size].reshape(x.shape))
+            start += x.size
+        return
+    import torch
+
+    pieces = flat.split([x.numel() for x in group])
+    torch._foreach_copy_(group, [p.view(x.shape) for p, x in zip(pieces, group)])
 
 
 def all_reduce_many(comm, xs, op, async_op):
