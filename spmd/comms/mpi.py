@@ -6,8 +6,6 @@ operations; bool uses the logical ones and bfloat16 is reduced in
 float32.  Large reduces run as allreduces, which MPICH does faster.
 """
 
-import sys
-
 import numpy as np
 from mpi4py import MPI
 
@@ -113,7 +111,8 @@ class MpiComm(Comm):
     def _empty(self, kind, dtype, shape):
         if kind == "numpy":
             return np.empty(shape, dtype=dtype)
-        torch = sys.modules["torch"] if "torch" in sys.modules else __import__("torch")
+        import torch
+
         return torch.empty(shape, dtype=getattr(torch, dtype))
 
     # -- reductions and broadcast ----------------------------------------------
@@ -122,7 +121,9 @@ class MpiComm(Comm):
         if not async_op:
             buf = _direct(x)
             if buf is not None:
-                self._c.Bcast(buf, root)
+                # As bytes, like the general path below: the type signatures of
+                # all ranks must match, whichever path each rank takes.
+                self._c.Bcast([buf[0] if type(buf) is list else buf, x.nbytes, MPI.BYTE], root)
                 return x
         c, back = _contiguous(x)
         b = _bytes(c)

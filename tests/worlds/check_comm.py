@@ -136,6 +136,10 @@ if not NUMPY_ONLY:
     comm.all_reduce(col)
     same(base[:, 1], [sum(k + 1 for k in R)] * 3, "all_reduce non-contiguous")
     same(base[:, 0], [0.0] * 3, "all_reduce non-contiguous leaves neighbours")
+    # contiguous on root, strided elsewhere: the ranks take different paths
+    grid = torch.arange(6.0).reshape(2, 3) if r == 0 else torch.zeros(3, 2).t()
+    comm.broadcast(grid)
+    same(grid, [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]], "broadcast contiguous to strided")
     # bool data moves and reduces logically
     b = torch.tensor([r == 0, True])
     comm.broadcast(b, root=n - 1)
