@@ -18,6 +18,7 @@ __all__ = [
     "dtype_name",
     "is_floating",
     "split_sizes",
+    "contiguous",
 ]
 
 OPS = ("sum", "prod", "min", "max", "avg")
@@ -70,3 +71,21 @@ def split_sizes(n, parts):
     """Return the lengths numpy.array_split gives when splitting n items into parts."""
     base, extra = divmod(n, parts)
     return [base + 1 if i < extra else base for i in range(parts)]
+
+
+def contiguous(x):
+    """Return a contiguous version of x sharing its memory when possible, and a write-back.
+
+    The write-back (None when x was already contiguous) copies the
+    contiguous result into x, for collectives that work in place.
+    """
+    if isinstance(x, np.ndarray):
+        if x.flags.c_contiguous:
+            return x, None
+        c = np.ascontiguousarray(x)
+        return c, lambda: np.copyto(x, c)
+    t = x.detach()
+    if t.is_contiguous():
+        return t, None
+    c = t.contiguous()
+    return c, lambda: t.copy_(c)

@@ -92,7 +92,8 @@ class Comm:
                 return mon.run(self, fp, hook, args, x, async_op)
             return hook(*args)
         except RuntimeError as exc:
-            if "timed out" in str(exc).lower() or "timeout" in str(exc).lower():
+            text = str(exc).lower()
+            if "timed out" in text or "timeout" in text:
                 raise mon.timeout_error(self, fp, exc, self._peers_report(fp)) from None
             raise
         finally:

@@ -6,9 +6,12 @@ operations; bool uses the logical ones and bfloat16 is reduced in
 float32.  Large reduces run as allreduces, which MPICH does faster.
 """
 
+from functools import partial
+
 import numpy as np
 from mpi4py import MPI
 
+from .arrays import contiguous as _contiguous
 from .base import Comm, Handle
 
 __all__ = ["MpiComm"]
@@ -56,20 +59,6 @@ def _direct(x):
         if mpi_type is not None:
             return [MPI.buffer.fromaddress(x.data_ptr(), x.nbytes), mpi_type]
     return None
-
-
-def _contiguous(x):
-    """Return a contiguous version of x and a write-back into x, or None."""
-    if isinstance(x, np.ndarray):
-        if x.flags.c_contiguous:
-            return x, None
-        c = np.ascontiguousarray(x)
-        return c, lambda: np.copyto(x, c)
-    t = x.detach()
-    if t.is_contiguous():
-        return t, None
-    c = t.contiguous()
-    return c, lambda: t.copy_(c)
 
 
 def _bytes(a):
@@ -163,37 +152,26 @@ class MpiComm(Comm):
                 else:
                     self._c.Reduce(buf, None, _OPS[op], root)
                 return x
-        if self.rank != root:
-            c, _ = _contiguous(x)
-            a, _, mop = self._reduction(c, op)
-            if a.nbytes >= REDUCE_BY_ALLREDUCE:  # the result lands in scratch space
-                scratch = np.empty_like(a)
-                return self._go(
-                    async_op,
-                    lambda: self._c.Allreduce(a, scratch, mop),
-                    lambda: self._c.Iallreduce(a, scratch, mop),
-                    lambda: x,
-                )
-            return self._go(
-                async_op,
-                lambda: self._c.Reduce(a, None, mop, root),
-                lambda: self._c.Ireduce(a, None, mop, root),
-                lambda: x,
-            )
         c, back = _contiguous(x)
         a, widened, mop = self._reduction(c, op)
-        if a.nbytes >= REDUCE_BY_ALLREDUCE:
+        if self.rank == root:
+            send, recv = MPI.IN_PLACE, a
+            finish = partial(self._finish_reduce, x, a, op, widened, back)
+        else:  # this rank's x stays as it was
+            send, recv, finish = a, None, lambda: x
+        if a.nbytes >= REDUCE_BY_ALLREDUCE:  # other ranks get the result in scratch space
+            recv = recv if self.rank == root else np.empty_like(a)
             return self._go(
                 async_op,
-                lambda: self._c.Allreduce(MPI.IN_PLACE, a, mop),
-                lambda: self._c.Iallreduce(MPI.IN_PLACE, a, mop),
-                lambda: self._finish_reduce(x, a, op, widened, back),
+                lambda: self._c.Allreduce(send, recv, mop),
+                lambda: self._c.Iallreduce(send, recv, mop),
+                finish,
             )
         return self._go(
             async_op,
-            lambda: self._c.Reduce(MPI.IN_PLACE, a, mop, root),
-            lambda: self._c.Ireduce(MPI.IN_PLACE, a, mop, root),
-            lambda: self._finish_reduce(x, a, op, widened, back),
+            lambda: self._c.Reduce(send, recv, mop, root),
+            lambda: self._c.Ireduce(send, recv, mop, root),
+            finish,
         )
 
     def _finish_reduce(self, x, a, op, widened, back):

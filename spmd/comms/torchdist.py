@@ -8,6 +8,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import CollectiveError
+from .arrays import contiguous
 from .base import Comm, Done, Handle
 
 __all__ = ["TorchComm"]
@@ -27,16 +28,8 @@ _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather
 
 def _tensor(x):
     """Return a contiguous tensor sharing x's memory where possible, and a write-back."""
-    if isinstance(x, np.ndarray):
-        if x.flags.c_contiguous:
-            return torch.from_numpy(x), None
-        c = np.ascontiguousarray(x)
-        return torch.from_numpy(c), lambda: np.copyto(x, c)
-    t = x.detach()
-    if t.is_contiguous():
-        return t, None
-    c = t.contiguous()
-    return c, lambda: t.copy_(c)
+    c, back = contiguous(x)
+    return (torch.from_numpy(c) if isinstance(c, np.ndarray) else c), back
 
 
 def _like(t, x):
