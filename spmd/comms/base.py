@@ -92,12 +92,16 @@ class Comm:
                 return mon.run(self, fp, hook, args, x, async_op)
             return hook(*args)
         except RuntimeError as exc:
-            text = str(exc).lower()
-            if "timed out" in text or "timeout" in text:
-                raise mon.timeout_error(self, fp, exc, self._peers_report(fp)) from None
-            raise
+            self._raise_timeout(exc, fp)
         finally:
             mon.busy = 0
+
+    def _raise_timeout(self, exc, fp):
+        """Re-raise a backend's RuntimeError, as a CollectiveTimeout when it says it timed out."""
+        text = str(exc).lower()
+        if "timed out" in text or "timeout" in text:
+            raise self._mon.timeout_error(self, fp, exc, self._peers_report(fp)) from None
+        raise exc
 
     def _peers_report(self, fp):
         """Say where the other ranks were when collective fp timed out, if knowable."""

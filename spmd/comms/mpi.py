@@ -12,6 +12,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .arrays import contiguous as _contiguous
+from .arrays import is_tensor
 from .base import Comm, Handle
 
 __all__ = ["MpiComm"]
@@ -20,7 +21,8 @@ __all__ = ["MpiComm"]
 #: the other ranks): MPICH's reduce is several times slower there (docs/performance.md).
 REDUCE_BY_ALLREDUCE = 256 * 1024
 
-_OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX, "avg": MPI.SUM}
+_FAST_OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX}  # no "avg"
+_OPS = dict(_FAST_OPS, avg=MPI.SUM)
 _BOOL_OPS = {"sum": MPI.LOR, "prod": MPI.LAND, "min": MPI.LAND, "max": MPI.LOR}
 
 
@@ -54,7 +56,7 @@ def _direct(x):
         if x.flags.c_contiguous and x.size and _mpi_type(x.dtype) is not None:
             return x
         return None
-    if x.is_cpu and x.is_contiguous() and x.numel():
+    if is_tensor(x) and x.is_cpu and x.is_contiguous() and x.numel():
         mpi_type = _mpi_type(x.dtype)
         if mpi_type is not None:
             return [MPI.buffer.fromaddress(x.data_ptr(), x.nbytes), mpi_type]
@@ -104,16 +106,52 @@ class MpiComm(Comm):
 
         return torch.empty(shape, dtype=getattr(torch, dtype))
 
-    # -- reductions and broadcast ----------------------------------------------
+    # -- fast paths ------------------------------------------------------------
+    # A blocking broadcast, reduce or all_reduce of one contiguous CPU array of
+    # a plain numeric dtype, with debug and trace off, goes to MPI by address:
+    # no views, copies or closures.  Everything else takes Comm's general path.
 
-    def _broadcast(self, x, root, async_op):
-        if not async_op:
+    def broadcast(self, x, root=0, async_op=False):
+        if not async_op and type(root) is int and 0 <= root < self.size and not self._mon.active:
             buf = _direct(x)
             if buf is not None:
-                # As bytes, like the general path below: the type signatures of
-                # all ranks must match, whichever path each rank takes.
-                self._c.Bcast([buf[0] if type(buf) is list else buf, x.nbytes, MPI.BYTE], root)
-                return x
+                # As bytes, like the general path: the type signatures of all
+                # ranks must match, whichever path each rank takes.
+                spec = [buf[0] if type(buf) is list else buf, x.nbytes, MPI.BYTE]
+                return self._direct_call(x, "broadcast", root, None, self._c.Bcast, spec, root)
+        return super().broadcast(x, root, async_op)
+
+    def all_reduce(self, x, op="sum", async_op=False, chunk_bytes=None):
+        mop = None if async_op or chunk_bytes is not None or self._mon.active else _FAST_OPS.get(op)
+        if mop is not None:
+            buf = _direct(x)
+            if buf is not None:
+                return self._direct_call(x, "all_reduce", None, op, self._c.Allreduce, MPI.IN_PLACE, buf, mop)
+        return super().all_reduce(x, op, async_op, chunk_bytes)
+
+    def reduce(self, x, root=0, op="sum", async_op=False):
+        mop = None if async_op or self._mon.active else _FAST_OPS.get(op)
+        if mop is not None and type(root) is int and 0 <= root < self.size:
+            buf = _direct(x)
+            if buf is not None and x.nbytes < REDUCE_BY_ALLREDUCE:
+                if self.rank == root:
+                    return self._direct_call(x, "reduce", root, op, self._c.Reduce, MPI.IN_PLACE, buf, mop, root)
+                return self._direct_call(x, "reduce", root, op, self._c.Reduce, buf, None, mop, root)
+        return super().reduce(x, root, op, async_op)
+
+    def _direct_call(self, x, name, root, op, fn, *args):
+        """Run fn(*args) as this communicator's next collective; return x."""
+        mon = self._mon
+        mon.busy = mon.note(name, x, root, op)[0]
+        try:
+            fn(*args)
+        finally:
+            mon.busy = 0
+        return x
+
+    # -- reductions and broadcast (general path) ---------------------------------
+
+    def _broadcast(self, x, root, async_op):
         c, back = _contiguous(x)
         b = _bytes(c)
         return self._go(
@@ -129,11 +167,6 @@ class MpiComm(Comm):
         return a, widened, mop
 
     def _all_reduce(self, x, op, async_op):
-        if not async_op and op != "avg":
-            buf = _direct(x)
-            if buf is not None:
-                self._c.Allreduce(MPI.IN_PLACE, buf, _OPS[op])
-                return x
         c, back = _contiguous(x)
         a, widened, mop = self._reduction(c, op)
         return self._go(
@@ -144,14 +177,6 @@ class MpiComm(Comm):
         )
 
     def _reduce(self, x, root, op, async_op):
-        if not async_op and op != "avg" and x.nbytes < REDUCE_BY_ALLREDUCE:
-            buf = _direct(x)
-            if buf is not None:
-                if self.rank == root:
-                    self._c.Reduce(MPI.IN_PLACE, buf, _OPS[op], root)
-                else:
-                    self._c.Reduce(buf, None, _OPS[op], root)
-                return x
         c, back = _contiguous(x)
         a, widened, mop = self._reduction(c, op)
         if self.rank == root:

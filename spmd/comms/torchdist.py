@@ -22,6 +22,19 @@ _OPS = {
 }
 
 
+_REDUCE_OPTIONS = {}  # op -> AllreduceOptions
+for _name in ("sum", "prod", "min", "max"):
+    _REDUCE_OPTIONS[_name] = dist.AllreduceOptions()
+    _REDUCE_OPTIONS[_name].reduceOp = _OPS[_name]
+    _REDUCE_OPTIONS[_name].asyncOp = False
+
+#: dtypes the fast path hands to the process group as they are (not complex, not
+#: bool for reductions: those take torch.distributed's own conversions).
+_PLAIN = frozenset((
+    torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.int16,
+    torch.int32, torch.int64, torch.uint8,
+))
+
 # Renamed in torch 2.13; the old name warns there.
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
@@ -51,6 +64,10 @@ class TorchComm(Comm):
         rank = dist.get_rank(group)
         size = dist.get_world_size(group)
         super().__init__(rank, size, placement, device, timeout, monitor)
+        # The process group itself, for the fast path (gloo only: nccl's
+        # stream handling stays with torch.distributed's functions).
+        self._pg = (group if group is not None else dist.group.WORLD) if backend == "gloo" else None
+        self._roots = {}  # root -> (BroadcastOptions, ReduceOptions)
 
     def _peers_report(self, fp):
         """Ask the store where the other ranks were stuck; wait a few seconds for them."""
@@ -102,6 +119,75 @@ class TorchComm(Comm):
         if kind == "numpy":
             return torch.from_numpy(np.empty(shape, dtype=dtype))
         return torch.empty(shape, dtype=getattr(torch, dtype), device=self.device)
+
+    # -- fast paths ------------------------------------------------------------
+    # A blocking broadcast, reduce or all_reduce of one contiguous CPU tensor
+    # (or numpy array) of a plain dtype on gloo, with debug and trace off, goes
+    # straight to the process group: torch.distributed's Python wrapper checks
+    # cost more than the rest of spmd's call.  Everything else takes the
+    # general path.
+
+    def _plain(self, x):
+        """Return x as a tensor the process group can take as it is, else None."""
+        if type(x) is torch.Tensor:
+            if x.is_cpu and x.dtype in _PLAIN and x.is_contiguous():
+                return x
+            return None
+        if type(x) is np.ndarray and x.flags.c_contiguous and x.dtype.kind in "fiu" and x.size:
+            return torch.from_numpy(x)
+        return None
+
+    def _root_options(self, root):
+        opts = self._roots.get(root)
+        if opts is None:
+            b, r = dist.BroadcastOptions(), dist.ReduceOptions()
+            b.rootRank = r.rootRank = root
+            b.rootTensor = r.rootTensor = 0
+            b.asyncOp = r.asyncOp = False
+            opts = self._roots[root] = (b, r)
+        return opts
+
+    def broadcast(self, x, root=0, async_op=False):
+        pg = self._pg
+        if pg is not None and not async_op and type(root) is int and 0 <= root < self.size and not self._mon.active:
+            t = self._plain(x)
+            if t is not None:
+                return self._direct_call(x, "broadcast", root, None, pg.broadcast, t, self._root_options(root)[0])
+        return super().broadcast(x, root, async_op)
+
+    def all_reduce(self, x, op="sum", async_op=False, chunk_bytes=None):
+        pg = self._pg
+        if pg is not None and not (async_op or chunk_bytes is not None or self._mon.active):
+            opts = _REDUCE_OPTIONS.get(op)
+            t = None if opts is None else self._plain(x)
+            if t is not None:
+                return self._direct_call(x, "all_reduce", None, op, pg.allreduce, t, opts)
+        return super().all_reduce(x, op, async_op, chunk_bytes)
+
+    def reduce(self, x, root=0, op="sum", async_op=False):
+        pg = self._pg
+        if pg is not None and not async_op and type(root) is int and 0 <= root < self.size and not self._mon.active:
+            t = self._plain(x) if op in _REDUCE_OPTIONS else None
+            if t is not None:
+                opts = self._root_options(root)[1]
+                opts.reduceOp = _OPS[op]
+                if self.rank != root:
+                    t = t.clone()  # gloo leaves partial results in non-root buffers
+                return self._direct_call(x, "reduce", root, op, pg.reduce, t, opts)
+        return super().reduce(x, root, op, async_op)
+
+    def _direct_call(self, x, name, root, op, fn, t, opts):
+        """Run fn([t], opts) as this communicator's next collective and wait; return x."""
+        mon = self._mon
+        fp = mon.note(name, x, root, op)
+        mon.busy = fp[0]
+        try:
+            fn([t], opts).wait()
+        except RuntimeError as exc:
+            self._raise_timeout(exc, fp)
+        finally:
+            mon.busy = 0
+        return x
 
     # -- reductions and broadcast ----------------------------------------------
 
