@@ -73,6 +73,9 @@ class Comm:
         self.node_rank = p.node_rank if p else 0
         self.num_nodes = p.num_nodes if p else 1
         self.launcher = p.launcher if p else "none"
+        self._descs = meta.Descriptions(size)  # array descriptions, cached per shape
+        # Where non-root ranks receive scatter's header (read before the next call).
+        self._header_buffer = np.zeros(1 + meta.WIDTH + size, dtype=np.int64)
 
     def __repr__(self):
         return f"<{type(self).__name__} rank {self.rank} of {self.size}, backend {self.backend}>"
@@ -170,27 +173,29 @@ class Comm:
         None.  Chunk lengths along dim 0 may differ.
         """
         root = self._root(root)
-        header, parts, whole, error = None, None, None, None
+        parts, whole, error = None, None, None
         if self.rank == root:
-            whole = None if isinstance(chunks, (list, tuple)) else chunks
             try:
-                parts = self._scatter_parts(chunks)
-                header = meta.scatter_header(parts, self.size)
+                parts, whole, lengths = self._scatter_parts(chunks)
+                first = whole if parts is None else parts[0]
+                header = meta.scatter_header(first, lengths)
             except CollectiveError as exc:
                 header, error = meta.error_header(self.size), str(exc)
         else:
-            header = np.zeros(1 + meta.WIDTH + self.size, dtype=np.int64)
+            header = self._header_buffer
         self._broadcast_ints(header, root)
         if header[0]:
             raise CollectiveError(self._broadcast_object(error, root))
-        kind, dtype, trail, lengths = meta.read_header(header)
+        kind, dtype, trail, lengths = self._descs.header(header)
         header = {"kind": kind, "dtype": dtype, "trail": trail, "lengths": lengths}
         args = (parts, whole, header, root, async_op)
         return self._call(self._scatter, args, "scatter", None, root, None, async_op)
 
     def _lengths(self, x, what):
         """Exchange array descriptions; return every rank's dim-0 length or raise everywhere."""
-        return meta.check_rows(self._allgather_ints(meta.encode(self._array(x))), what)
+        self._array(x)
+        row, same = self._descs.row(x)
+        return self._descs.lengths(x, self._allgather_ints(row), same, what)
 
     def gather(self, x, root=0, async_op=False):
         """Collect every rank's x on root: a list on root, None elsewhere.
@@ -211,23 +216,22 @@ class Comm:
         self._call(self._barrier, (), "barrier")
 
     def _scatter_parts(self, chunks):
-        """On root: turn chunks into a list of size arrays that agree, or raise."""
+        """On root: return (list of size arrays or None, whole array or None, lengths), or raise."""
         if chunks is None:
             raise CollectiveError("scatter: the root rank must pass the chunks, got None")
-        if isinstance(chunks, (list, tuple)):
-            if len(chunks) != self.size:
-                raise CollectiveError(
-                    f"scatter: expecting {self.size} chunks (one per rank), got {len(chunks)}"
-                )
-            for i, c in enumerate(chunks):
-                check_array(c, f"scatter chunk {i}")
-                self._check_device(c, f"scatter chunk {i}")
-            parts = list(chunks)
-        else:
+        if not isinstance(chunks, (list, tuple)):
             self._array(chunks, "scatter chunks")
             if chunks.ndim == 0:
                 raise CollectiveError("scatter: cannot split a 0-d array; pass a list of chunks")
-            parts = self._split(chunks, split_sizes(chunks.shape[0], self.size))
+            if meta.dtype_code(chunks.dtype) < 0 or chunks.ndim > meta.MAX_TRAIL + 1:
+                meta.check_rows([meta.encode(chunks)], "scatter")  # raises, naming it
+            return None, chunks, split_sizes(chunks.shape[0], self.size)
+        if len(chunks) != self.size:
+            raise CollectiveError(f"scatter: expecting {self.size} chunks (one per rank), got {len(chunks)}")
+        for i, c in enumerate(chunks):
+            check_array(c, f"scatter chunk {i}")
+            self._check_device(c, f"scatter chunk {i}")
+        parts = list(chunks)
         first = parts[0]
         if (
             meta.dtype_code(first.dtype) < 0
@@ -235,7 +239,7 @@ class Comm:
             or any(p.dtype != first.dtype or p.shape[1:] != first.shape[1:] for p in parts)
         ):
             meta.check_rows([meta.encode(p) for p in parts], "scatter")  # raises, naming each
-        return parts
+        return parts, None, [p.shape[0] for p in parts]
 
     @staticmethod
     def _split(x, sizes):

@@ -63,11 +63,22 @@ def _direct(x):
     return None
 
 
-def _bytes(a):
-    """Return the memory of contiguous array or tensor a as a flat byte buffer."""
-    if isinstance(a, np.ndarray):
-        return a.reshape(-1).view(np.uint8)
+def _raw(a):
+    """Return contiguous array or tensor a as something MPI reads by address (paired with MPI.BYTE)."""
+    if type(a) is np.ndarray:
+        return a
     return MPI.buffer.fromaddress(a.data_ptr(), a.nbytes)  # any dtype, no view objects
+
+
+def _contig(x):
+    """Return x, or a contiguous copy of it; MPI reads by address, so no detach is needed."""
+    if type(x) is np.ndarray:
+        return x if x.flags.c_contiguous else np.ascontiguousarray(x)
+    return x if x.is_contiguous() else x.detach().contiguous()
+
+
+def _address(a):
+    return a.ctypes.data if type(a) is np.ndarray else a.data_ptr()
 
 
 def _typed(c):
@@ -89,6 +100,7 @@ class MpiComm(Comm):
 
     def __init__(self, mpi_comm, placement=None, timeout=None, monitor=None):
         self._c = mpi_comm
+        self._rows = None  # where description rows are gathered
         super().__init__(mpi_comm.Get_rank(), mpi_comm.Get_size(), placement, "cpu", timeout, monitor)
 
     @staticmethod
@@ -153,7 +165,7 @@ class MpiComm(Comm):
 
     def _broadcast(self, x, root, async_op):
         c, back = _contiguous(x)
-        b = _bytes(c)
+        b = [_raw(c), MPI.BYTE]
         return self._go(
             async_op,
             lambda: self._c.Bcast(b, root),
@@ -207,73 +219,119 @@ class MpiComm(Comm):
         return _finish(x, back)
 
     # -- scatter and gathers -----------------------------------------------------
+    # Bytes on the wire (MPI.BYTE), so every dtype travels.  When every rank
+    # has the same length, the plain collective (Scatter, Gather, Allgather);
+    # else its v-form with counts and displacements.
 
     def _scatter(self, parts, whole, header, root, async_op):
-        lengths, trail = header["lengths"], tuple(header["trail"])
+        lengths, trail = header["lengths"], header["trail"]
         out = self._empty(header["kind"], header["dtype"], (lengths[self.rank],) + trail)
-        row = _row_bytes(out, trail)
+        recv = [_raw(out), MPI.BYTE]
+        even = lengths.count(lengths[0]) == self.size
         send = None
         if self.rank == root:
-            counts = [n * row for n in lengths]
-            send = [self._joined(parts, whole), counts, _displs(counts), MPI.BYTE]
-        recv = _bytes(out)
+            data = self._joined(parts, whole)
+            if even:
+                send = [data, MPI.BYTE]
+            else:
+                row = _row_bytes(out, trail)
+                counts = [n * row for n in lengths]
+                send = [data, counts, _displs(counts), MPI.BYTE]
+        if even:
+            return self._go(
+                async_op,
+                lambda: self._c.Scatter(send, recv, root),
+                lambda: self._c.Iscatter(send, recv, root),
+                lambda: _kept(out, parts, whole),  # root's chunks stay alive until done
+            )
         return self._go(
             async_op,
             lambda: self._c.Scatterv(send, recv, root),
             lambda: self._c.Iscatterv(send, recv, root),
-            lambda: out,
+            lambda: _kept(out, parts, whole),
         )
 
     @staticmethod
     def _joined(parts, whole):
-        """Return root's chunks as one byte buffer, without a copy when possible."""
+        """Return root's chunks as one buffer, without a copy when they are one already."""
         if whole is not None:
-            c, _ = _contiguous(whole)
-            return _bytes(c)
-        return np.concatenate([_bytes(_contiguous(p)[0]) for p in parts])
+            return _raw(_contig(whole))
+        cs = [_contig(p) for p in parts]
+        # Views of consecutive pieces of one buffer (a split array): send from its start.
+        start = address = _address(cs[0])
+        for c in cs:
+            if _address(c) != address:
+                break
+            address += c.nbytes
+        else:
+            return MPI.buffer.fromaddress(start, address - start) if address > start else _raw(cs[0])
+        return np.concatenate([np.frombuffer(_raw(c), np.uint8) for c in cs])
 
     def _gathered(self, x, lengths):
-        """Allocate the receive side of a gatherv of x: (full, flat bytes, counts)."""
-        c, _ = _contiguous(x)
+        """Allocate the receive side of a gather of x: (send spec, full array, recv spec, even)."""
+        c = _contig(x)
         trail = tuple(c.shape[1:])
         shape = (sum(lengths),) + trail
-        full = np.empty(shape, c.dtype) if isinstance(c, np.ndarray) else c.new_empty(shape)
-        row = _row_bytes(full, trail)
-        counts = [n * row for n in lengths]
-        return _bytes(c), full, [_bytes(full), counts, _displs(counts), MPI.BYTE]
+        full = np.empty(shape, c.dtype) if type(c) is np.ndarray else c.new_empty(shape)
+        even = lengths.count(lengths[0]) == self.size
+        if even:
+            recv = [_raw(full), MPI.BYTE]
+        else:
+            row = _row_bytes(full, trail)
+            counts = [n * row for n in lengths]
+            recv = [_raw(full), counts, _displs(counts), MPI.BYTE]
+        return [_raw(c), MPI.BYTE], full, recv, even
+
+    def _pieces(self, full, lengths, even):
+        """Cut the gathered array into one view per rank."""
+        n = lengths[0]
+        if not even or not n:
+            return self._split(full, lengths)
+        if type(full) is np.ndarray:
+            return list(full.reshape((self.size, n) + full.shape[1:]))
+        return list(full.chunk(self.size))  # size views of n rows: one C call
 
     def _gather(self, x, lengths, root, async_op):
+        even = lengths.count(lengths[0]) == self.size
         if self.rank != root:
-            c, _ = _contiguous(x)
-            send = _bytes(c)
+            c = _contig(x)
+            send = [_raw(c), MPI.BYTE]
+            blocking = self._c.Gather if even else self._c.Gatherv
+            nonblocking = self._c.Igather if even else self._c.Igatherv
             return self._go(
                 async_op,
-                lambda: self._c.Gatherv(send, None, root),
-                lambda: self._c.Igatherv(send, None, root),
-                lambda: None,
+                lambda: blocking(send, None, root),
+                lambda: nonblocking(send, None, root),
+                lambda: _kept(None, c),  # the send buffer stays alive until done
             )
-        send, full, recv = self._gathered(x, lengths)
+        send, full, recv, even = self._gathered(x, lengths)
+        blocking = self._c.Gather if even else self._c.Gatherv
+        nonblocking = self._c.Igather if even else self._c.Igatherv
         return self._go(
             async_op,
-            lambda: self._c.Gatherv(send, recv, root),
-            lambda: self._c.Igatherv(send, recv, root),
-            lambda: self._split(full, lengths),
+            lambda: blocking(send, recv, root),
+            lambda: nonblocking(send, recv, root),
+            lambda: self._pieces(full, lengths, even),
         )
 
     def _all_gather(self, x, lengths, async_op):
-        send, full, recv = self._gathered(x, lengths)
+        send, full, recv, even = self._gathered(x, lengths)
+        blocking = self._c.Allgather if even else self._c.Allgatherv
+        nonblocking = self._c.Iallgather if even else self._c.Iallgatherv
         return self._go(
             async_op,
-            lambda: self._c.Allgatherv(send, recv),
-            lambda: self._c.Iallgatherv(send, recv),
-            lambda: self._split(full, lengths),
+            lambda: blocking(send, recv),
+            lambda: nonblocking(send, recv),
+            lambda: _kept(self._pieces(full, lengths, even), send),
         )
 
     def _barrier(self):
         self._c.Barrier()
 
     def _allgather_ints(self, row):
-        out = np.empty((self.size, row.shape[0]), dtype=np.int64)
+        out = self._rows  # read by the caller before the next call
+        if out is None or out.shape[1] != row.shape[0]:
+            out = self._rows = np.empty((self.size, row.shape[0]), dtype=np.int64)
         self._c.Allgather(row, out)
         return out
 
@@ -306,6 +364,11 @@ def _finish(x, back):
     if back is not None:
         back()
     return x
+
+
+def _kept(result, *alive):
+    """Return result; naming alive in a closure keeps those buffers until the call is done."""
+    return result
 
 
 def _row_bytes(a, trail):

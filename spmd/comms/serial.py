@@ -27,7 +27,7 @@ class SerialComm(Comm):
         return self._give(x, async_op)
 
     def _scatter(self, parts, whole, header, root, async_op):
-        return self._give(parts[0], async_op)
+        return self._give(whole if parts is None else parts[0], async_op)
 
     def _gather(self, x, lengths, root, async_op):
         return self._give([x], async_op)

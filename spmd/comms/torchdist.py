@@ -7,6 +7,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from torch.distributed.distributed_c10d import AllgatherOptions, GatherOptions, ScatterOptions
+
 from ..errors import CollectiveError
 from .arrays import contiguous
 from .base import Comm, Done, Handle
@@ -43,11 +45,6 @@ def _tensor(x):
     """Return a contiguous tensor sharing x's memory where possible, and a write-back."""
     c, back = contiguous(x)
     return (torch.from_numpy(c) if isinstance(c, np.ndarray) else c), back
-
-
-def _like(t, x):
-    """Return tensor t as the kind of thing x is (numpy array or tensor)."""
-    return t.numpy() if isinstance(x, np.ndarray) else t
 
 
 class TorchComm(Comm):
@@ -218,20 +215,31 @@ class TorchComm(Comm):
         return x
 
     # -- scatter and gathers -----------------------------------------------------
+    # Chunks of equal length go as they are, received into views of one
+    # buffer; unequal ones are padded to the longest and trimmed after.  On
+    # gloo the process group is called directly, as in the fast paths.
 
     def _scatter(self, parts, whole, header, root, async_op):
-        lengths, trail = header["lengths"], tuple(header["trail"])
-        kind, dtype = header["kind"], header["dtype"]
+        lengths, trail, kind = header["lengths"], header["trail"], header["kind"]
         top = max(lengths)
-        buf = self._empty(kind, dtype, (top,) + trail)
+        out = self._empty(kind, header["dtype"], (top,) + trail)
+        if top == 0:
+            return self._done(_as_kind(out, kind), async_op)
         send = None
         if self.rank == root:
+            if parts is None:
+                t = _tensor(whole)[0]
+                even = lengths.count(top) == self.size
+                parts = list(t.chunk(self.size)) if even else self._split(t, lengths)
             send = [self._padded(p, top) for p in parts]
-        if top == 0:
-            return self._done(_as_kind(buf, kind), async_op)
-        work = dist.scatter(buf, send, group=self._group, group_src=root, async_op=async_op)
+        if self._direct(out):
+            opts = ScatterOptions()
+            opts.rootRank, opts.asyncOp = root, async_op
+            work = self._wait(self._pg.scatter([out], [] if send is None else [send], opts), async_op)
+        else:
+            work = dist.scatter(out, send, group=self._group, group_src=root, async_op=async_op)
         mine = lengths[self.rank]
-        return self._go(work, lambda: _as_kind(buf[:mine], kind), async_op)
+        return self._go(work, lambda: _as_kind(out if mine == top else out[:mine], kind), async_op)
 
     def _padded(self, x, rows):
         t, _ = _tensor(x)
@@ -241,32 +249,71 @@ class TorchComm(Comm):
         out[: t.shape[0]] = t
         return out
 
+    def _receive_buffers(self, send):
+        """Return one buffer for every rank's padded chunk, and its per-rank views."""
+        full = send.new_empty((self.size * send.shape[0],) + tuple(send.shape[1:]))
+        return full, list(full.chunk(self.size))
+
     def _gather(self, x, lengths, root, async_op):
         top = max(lengths)
+        if top == 0:  # nothing to move
+            return self._done(self._empties(x) if self.rank == root else None, async_op)
         send = self._padded(x, top)
-        recv = None
-        if self.rank == root:
-            recv = [torch.empty_like(send) for _ in range(self.size)]
-        work = dist.gather(send, recv, group=self._group, group_dst=root, async_op=async_op)
+        recv = self._receive_buffers(send)[1] if self.rank == root else None
+        if self._direct(send):
+            opts = GatherOptions()
+            opts.rootRank, opts.asyncOp = root, async_op
+            work = self._wait(self._pg.gather([] if recv is None else [recv], [send], opts), async_op)
+        else:
+            work = dist.gather(send, recv, group=self._group, group_dst=root, async_op=async_op)
         if self.rank != root:
             return self._go(work, lambda: None, async_op)
-        return self._go(work, lambda: self._trim(recv, lengths, x), async_op)
+        return self._go(work, lambda: self._trim(recv, lengths, x, top), async_op)
 
     def _all_gather(self, x, lengths, async_op):
         top = max(lengths)
+        if top == 0:
+            return self._done(self._empties(x), async_op)
         send = self._padded(x, top)
-        recv = [torch.empty_like(send) for _ in range(self.size)]
-        work = dist.all_gather(recv, send, group=self._group, async_op=async_op)
-        return self._go(work, lambda: self._trim(recv, lengths, x), async_op)
+        recv = self._receive_buffers(send)[1]
+        if self._direct(send):
+            opts = AllgatherOptions()
+            opts.asyncOp = async_op
+            work = self._wait(self._pg.allgather([recv], [send], opts), async_op)
+        else:
+            work = dist.all_gather(recv, send, group=self._group, async_op=async_op)
+        return self._go(work, lambda: self._trim(recv, lengths, x, top), async_op)
+
+    def _empties(self, x):
+        """Every rank's chunk when all are empty: new empty arrays like x."""
+        t = _tensor(x)[0]
+        out = [t.new_empty(t.shape) for _ in range(self.size)]
+        return [o.numpy() for o in out] if type(x) is np.ndarray else out
+
+    def _direct(self, t):
+        """Tell whether t may go straight to the process group (gloo, plain dtype)."""
+        return self._pg is not None and t.dtype in _PLAIN
 
     @staticmethod
-    def _trim(recv, lengths, like):
-        return [_like(t if t.shape[0] == n else t[:n], like) for t, n in zip(recv, lengths)]
+    def _wait(work, async_op):
+        if not async_op:
+            work.wait()
+        return work
+
+    @staticmethod
+    def _trim(recv, lengths, like, top):
+        if type(like) is np.ndarray:
+            return [(t if n == top else t[:n]).numpy() for t, n in zip(recv, lengths)]
+        return [t if n == top else t[:n] for t, n in zip(recv, lengths)]
 
     def _barrier(self):
         dist.barrier(group=self._group)
 
     def _allgather_ints(self, row):
+        if self._pg is not None:
+            out = torch.empty((self.size, row.shape[0]), dtype=torch.int64)
+            self._pg.allgather([list(out.unbind(0))], [torch.from_numpy(row)], AllgatherOptions()).wait()
+            return out.numpy()
         mine = torch.from_numpy(row).to(self.device)
         out = torch.empty(self.size * row.shape[0], dtype=torch.int64, device=self.device)
         _all_gather_single(out, mine, group=self._group)

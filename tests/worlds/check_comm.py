@@ -129,6 +129,22 @@ if not NUMPY_ONLY:
     same(t, [[2.0 * r, 2.0 * r + 1]], "scatter torch")
     lst = comm.all_gather(torch.tensor([r + 1.0]))
     same(torch.cat(lst), [k + 1.0 for k in R], "guide all_gather")
+    # scatter of adjacent views of one tensor (sent without a copy) and of separate tensors
+    whole = torch.arange(3.0 * (n * (n + 1) // 2)).reshape(-1, 3)
+    views = list(whole.split([k + 1 for k in R])) if r == 0 else None
+    same(comm.scatter(views), whole.split([k + 1 for k in R])[r], "scatter list of adjacent views")
+    apart = [torch.full((k + 1, 3), float(k)) for k in R] if r == 0 else None
+    same(comm.scatter(apart), torch.full((r + 1, 3), float(r)), "scatter list of separate tensors")
+    # equal lengths take the plain collectives; results are views of one buffer
+    even = comm.all_gather(torch.full((2, 3), float(r), dtype=torch.bfloat16))
+    same(torch.stack(even).float(), [[[float(k)] * 3] * 2 for k in R], "all_gather even, bfloat16")
+    g = comm.gather(torch.full((2, 3), r, dtype=torch.int32), root=n - 1)
+    if r == n - 1:
+        same(torch.stack(g), [[[k] * 3] * 2 for k in R], "gather even, root n-1")
+    empty = comm.all_gather(torch.zeros(0, 3))
+    ok(len(empty) == n and all(e.shape == (0, 3) for e in empty), "all_gather of empty tensors")
+    empty = comm.gather(np.zeros((0, 2), np.float32))
+    ok(empty is None if r else len(empty) == n and all(e.shape == (0, 2) for e in empty), "gather of empty arrays")
     # non-contiguous tensors are handled, results written back in place
     base = torch.zeros(3, 4)
     col = base[:, 1]
