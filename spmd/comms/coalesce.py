@@ -6,9 +6,11 @@ call, then copied back; a large array is reduced in pieces of at most
 ``chunk_bytes``, so the backend's scratch space stays that small.
 """
 
+import sys
+
 import numpy as np
 
-from .arrays import check_op, is_tensor
+from .arrays import check_op
 from .base import Handle
 
 __all__ = ["all_reduce_many", "all_reduce_chunked", "nbytes"]
@@ -19,46 +21,90 @@ def nbytes(x):
     return x.nbytes if isinstance(x, np.ndarray) else x.numel() * x.element_size()
 
 
-def _flatten(group):
-    if isinstance(group[0], np.ndarray):
-        return np.concatenate([a.reshape(-1) for a in group])
-    import torch
+def _views(buf, shapes):
+    """Return views of flat buffer buf, one per shape, in order."""
+    out, start = [], 0
+    for shape in shapes:
+        n = 1
+        for d in shape:
+            n *= d
+        out.append(buf[start : start + n].reshape(shape))
+        start += n
+    return out
 
-    return torch.cat([t if t.dim() == 1 else t.reshape(-1) for t in group])
+
+def _flat_views(comm, group, keep):
+    """Return (a flat buffer holding the group, views of it shaped like each array).
+
+    With keep (blocking calls), the buffer and its views are kept on the
+    communicator per (dtype, device, shapes) and reused, so a training loop
+    neither faults in fresh pages nor builds hundreds of views each step.
+    """
+    first = group[0]
+    shapes = tuple(x.shape for x in group)
+    key = (type(first), first.dtype, getattr(first, "device", None), shapes)
+    cache = comm.__dict__.setdefault("_flat_buffers", {})
+    hit = cache.get(key) if keep else None
+    if hit is None:
+        numel = sum(x.size if isinstance(x, np.ndarray) else x.numel() for x in group)
+        buf = np.empty(numel, first.dtype) if isinstance(first, np.ndarray) else first.new_empty(numel)
+        hit = (buf, _views(buf, shapes))
+        if keep:
+            if len(cache) >= 8:
+                cache.clear()
+            cache[key] = hit
+    return hit
 
 
-def _unflatten(flat, group):
-    if isinstance(flat, np.ndarray):
-        start = 0
-        for x in group:
-            np.copyto(x, flat[start : start + x.size].reshape(x.shape))
-            start += x.size
+def _copy(dst, src):
+    """dst[i][...] = src[i] for each i, in one call for tensors."""
+    if isinstance(dst[0], np.ndarray):
+        for d, s in zip(dst, src):
+            np.copyto(d, s)
         return
     import torch
 
-    pieces = flat.split([x.numel() for x in group])
-    torch._foreach_copy_(group, [p.view(x.shape) for p, x in zip(pieces, group)])
+    with torch.no_grad():
+        torch._foreach_copy_(dst, src)
 
 
 def all_reduce_many(comm, xs, op, async_op):
     """Reduce every array of xs in place with one call per (kind, dtype, device)."""
-    groups = {}
+    groups, firsts = {}, {}
+    torch = sys.modules.get("torch")
+    tensor = torch.Tensor if torch is not None else np.ndarray
     for i, x in enumerate(xs):
-        comm._array(x, f"x[{i}]")
-        check_op(op, x)
-        key = (is_tensor(x), x.dtype, None if isinstance(x, np.ndarray) else x.device)
-        groups.setdefault(key, []).append(x)
-    flats = [(_flatten(g), g) for g in groups.values()]
+        kind = type(x)
+        if kind is np.ndarray or (kind is tensor and x.is_cpu):
+            key = (x.dtype, None)  # CPU: checked once per group below
+        else:
+            comm._array(x, f"x[{i}]")
+            key = (x.dtype, x.device)
+        group = groups.get(key)
+        if group is None:
+            group = groups[key] = []
+            firsts[key] = i
+        group.append(x)
+    for key, group in groups.items():
+        comm._array(group[0], f"x[{firsts[key]}]")  # CPU data on a GPU backend, ...
+        check_op(op, group[0])  # the op must suit each dtype
     if not async_op:
-        for flat, group in flats:
+        for group in groups.values():
+            flat, views = _flat_views(comm, group, keep=True)
+            _copy(views, group)
             comm.all_reduce(flat, op)
-            _unflatten(flat, group)
+            _copy(group, views)
         return xs
-    handles = [comm.all_reduce(flat, op, async_op=True) for flat, _ in flats]
+    flats = []  # fresh buffers: asynchronous calls may overlap
+    for group in groups.values():
+        flat, views = _flat_views(comm, group, keep=False)
+        _copy(views, group)
+        flats.append((flat, views, group))
+    handles = [comm.all_reduce(flat, op, async_op=True) for flat, _, _ in flats]
 
     def finish():
-        for flat, group in flats:
-            _unflatten(flat, group)
+        for _, views, group in flats:
+            _copy(group, views)
         return xs
 
     return Handle(
