@@ -74,7 +74,7 @@ def fingerprint_mismatch(fps):
     keys = []
     for fp in fps:
         _, n, root, op, dtype, shape, _ = fp
-        if n in _SAME_SHAPE:
+        if n in _SAME_SHAPE or op == "equal":  # equal=True: one shape on every rank
             keys.append((n, root, op, dtype, tuple(shape)))
         elif n in _SAME_TRAILING:
             keys.append((n, root, dtype, tuple(shape[1:]) if shape else None))

@@ -21,6 +21,13 @@ def test_matching_fingerprints_pass_and_gathers_may_differ_in_dim0():
     assert fingerprint_mismatch(gathers) is None
 
 
+def test_equal_gathers_must_agree_on_the_whole_shape():
+    equal = fps(("all_gather", None, "equal", "float32", (3, 2)), ("all_gather", None, "equal", "float32", (5, 2)))
+    assert "(3, 2)" in fingerprint_mismatch(equal) and "(5, 2)" in fingerprint_mismatch(equal)
+    mixed = fps(("gather", 0, "equal", "float32", (3, 2)), ("gather", 0, None, "float32", (3, 2)))
+    assert "op=equal" in fingerprint_mismatch(mixed)
+
+
 def test_mismatch_lists_every_rank_and_where():
     message = fingerprint_mismatch(fps(("broadcast", 0, None, "float64", (8,)),
                                        ("all_reduce", None, "sum", "float64", (8,))))

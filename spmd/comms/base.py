@@ -12,7 +12,7 @@ import numpy as np
 from ..errors import CollectiveError
 from ..monitor import Monitor
 from . import meta
-from .arrays import check_array, check_op, split_sizes
+from .arrays import check_array, check_op, dtype_name, split_sizes
 
 __all__ = ["Comm", "Handle", "Done"]
 
@@ -165,14 +165,23 @@ class Comm:
                 return Done(result) if async_op else result
         return self._call(self._all_reduce, (x, op, async_op), "all_reduce", x, None, op, async_op)
 
-    def scatter(self, chunks=None, root=0, async_op=False):
+    def scatter(self, chunks=None, root=0, async_op=False, *, equal=False, out=None):
         """Send root's i-th chunk to rank i and return this rank's chunk.
 
         On root, chunks is a list of ``size`` arrays, or one array split
         along dim 0 the way ``numpy.array_split`` does.  Other ranks pass
         None.  Chunk lengths along dim 0 may differ.
+
+        With ``equal=True`` (on every rank) all chunks have one shape and
+        root sends no description first: every rank other than root must
+        then pass ``out``, the array to receive into.  ``out`` may be
+        given in any case; the chunk lands in it and it is returned.
         """
         root = self._root(root)
+        if out is not None:
+            self._array(out, "out")
+        if equal:
+            return self._scatter_equal(chunks, root, async_op, out)
         parts, whole, error = None, None, None
         if self.rank == root:
             try:
@@ -187,29 +196,92 @@ class Comm:
         if header[0]:
             raise CollectiveError(self._broadcast_object(error, root))
         kind, dtype, trail, lengths = self._descs.header(header)
-        header = {"kind": kind, "dtype": dtype, "trail": trail, "lengths": lengths}
+        if out is not None:
+            self._check_out(out, kind, dtype, (lengths[self.rank],) + trail, "scatter")
+        header = {"kind": kind, "dtype": dtype, "trail": trail, "lengths": lengths, "out": out}
         args = (parts, whole, header, root, async_op)
         return self._call(self._scatter, args, "scatter", None, root, None, async_op)
 
-    def _lengths(self, x, what):
-        """Exchange array descriptions; return every rank's dim-0 length or raise everywhere."""
+    def _scatter_equal(self, chunks, root, async_op, out):
+        """scatter(equal=True): shapes known on every rank, so no header goes out."""
+        parts, whole, like = None, None, out
+        if self.rank == root:
+            parts, whole, lengths = self._scatter_parts(chunks)
+            first = whole if parts is None else parts[0]
+            if lengths.count(lengths[0]) != self.size:
+                raise CollectiveError(f"scatter(equal=True): chunk lengths differ ({lengths}); pass equal=False")
+            like = first if parts is not None else first[: lengths[0]]
+            if out is not None:
+                self._check_out(out, *self._kind_dtype(like), tuple(like.shape), "scatter")
+        elif out is None:
+            raise CollectiveError(
+                "scatter(equal=True): ranks other than root must pass out=, the array to receive "
+                "their chunk into (it tells them the shape); or call scatter without equal=True"
+            )
+        else:
+            lengths = [out.shape[0]] * self.size
+        kind, dtype = self._kind_dtype(like)
+        header = {"kind": kind, "dtype": dtype, "trail": tuple(like.shape[1:]), "lengths": lengths, "out": out}
+        return self._call(self._scatter, (parts, whole, header, root, async_op), "scatter", like, root, "equal", async_op)
+
+    @staticmethod
+    def _kind_dtype(x):
+        return ("numpy" if isinstance(x, np.ndarray) else "torch"), dtype_name(x)
+
+    def _check_out(self, out, kind, dtype, shape, what):
+        """Raise unless out can receive an array of this kind, dtype and shape."""
+        got_kind, got_dtype = self._kind_dtype(out)
+        contiguous = out.flags.c_contiguous if isinstance(out, np.ndarray) else out.is_contiguous()
+        if (got_kind, got_dtype, tuple(out.shape)) != (kind, dtype, tuple(shape)) or not contiguous:
+            raise CollectiveError(
+                f"{what}: out must be a contiguous {kind} array of dtype {dtype} and shape "
+                f"{tuple(shape)}, got a {'contiguous' if contiguous else 'non-contiguous'} "
+                f"{got_kind} {got_dtype} array of shape {tuple(out.shape)}"
+            )
+
+    def _lengths(self, x, what, equal=False):
+        """Exchange array descriptions; return every rank's dim-0 length or raise everywhere.
+
+        With equal, nothing is exchanged: every rank is taken to have x's shape.
+        """
         self._array(x)
         row, same = self._descs.row(x)
+        if equal:
+            if same is None:
+                meta.check_rows([row], what)  # raises, naming what is wrong with x
+            return [x.shape[0]] * self.size
         return self._descs.lengths(x, self._allgather_ints(row), same, what)
 
-    def gather(self, x, root=0, async_op=False):
+    def _gather_out(self, x, lengths, out, what):
+        if out is not None:
+            self._array(out, "out")
+            self._check_out(out, *self._kind_dtype(x), (sum(lengths),) + tuple(x.shape[1:]), what)
+        return out
+
+    def gather(self, x, root=0, async_op=False, *, equal=False, out=None):
         """Collect every rank's x on root: a list on root, None elsewhere.
 
-        Lengths along dim 0 may differ between ranks.
+        Lengths along dim 0 may differ between ranks.  With ``equal=True``
+        (on every rank) all ranks' x have one shape and no descriptions
+        are exchanged first (one collective fewer).  With ``out``, an
+        array of every rank's rows one after another, root receives into
+        it; the list returned holds views of it.
         """
         root = self._root(root)
-        lengths = self._lengths(x, "gather")
-        return self._call(self._gather, (x, lengths, root, async_op), "gather", x, root, None, async_op)
+        lengths = self._lengths(x, "gather", equal)
+        out = self._gather_out(x, lengths, out, "gather") if self.rank == root else None
+        op = "equal" if equal else None
+        return self._call(self._gather, (x, lengths, root, async_op, out), "gather", x, root, op, async_op)
 
-    def all_gather(self, x, async_op=False):
-        """Collect every rank's x on every rank, as a list in rank order."""
-        lengths = self._lengths(x, "all_gather")
-        return self._call(self._all_gather, (x, lengths, async_op), "all_gather", x, None, None, async_op)
+    def all_gather(self, x, async_op=False, *, equal=False, out=None):
+        """Collect every rank's x on every rank, as a list in rank order.
+
+        ``equal`` and ``out`` work as for :meth:`gather`.
+        """
+        lengths = self._lengths(x, "all_gather", equal)
+        out = self._gather_out(x, lengths, out, "all_gather")
+        op = "equal" if equal else None
+        return self._call(self._all_gather, (x, lengths, async_op, out), "all_gather", x, None, op, async_op)
 
     def barrier(self):
         """Block until every rank has called barrier."""

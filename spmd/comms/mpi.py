@@ -224,8 +224,9 @@ class MpiComm(Comm):
     # else its v-form with counts and displacements.
 
     def _scatter(self, parts, whole, header, root, async_op):
-        lengths, trail = header["lengths"], header["trail"]
-        out = self._empty(header["kind"], header["dtype"], (lengths[self.rank],) + trail)
+        lengths, trail, out = header["lengths"], header["trail"], header["out"]
+        if out is None:
+            out = self._empty(header["kind"], header["dtype"], (lengths[self.rank],) + trail)
         recv = [_raw(out), MPI.BYTE]
         even = lengths.count(lengths[0]) == self.size
         send = None
@@ -267,12 +268,14 @@ class MpiComm(Comm):
             return MPI.buffer.fromaddress(start, address - start) if address > start else _raw(cs[0])
         return np.concatenate([np.frombuffer(_raw(c), np.uint8) for c in cs])
 
-    def _gathered(self, x, lengths):
-        """Allocate the receive side of a gather of x: (send spec, full array, recv spec, even)."""
+    def _gathered(self, x, lengths, out):
+        """Prepare the receive side of a gather of x: (send spec, full array, recv spec, even)."""
         c = _contig(x)
         trail = tuple(c.shape[1:])
         shape = (sum(lengths),) + trail
-        full = np.empty(shape, c.dtype) if type(c) is np.ndarray else c.new_empty(shape)
+        full = out
+        if full is None:
+            full = np.empty(shape, c.dtype) if type(c) is np.ndarray else c.new_empty(shape)
         even = lengths.count(lengths[0]) == self.size
         if even:
             recv = [_raw(full), MPI.BYTE]
@@ -291,7 +294,7 @@ class MpiComm(Comm):
             return list(full.reshape((self.size, n) + full.shape[1:]))
         return list(full.chunk(self.size))  # size views of n rows: one C call
 
-    def _gather(self, x, lengths, root, async_op):
+    def _gather(self, x, lengths, root, async_op, out):
         even = lengths.count(lengths[0]) == self.size
         if self.rank != root:
             c = _contig(x)
@@ -304,7 +307,7 @@ class MpiComm(Comm):
                 lambda: nonblocking(send, None, root),
                 lambda: _kept(None, c),  # the send buffer stays alive until done
             )
-        send, full, recv, even = self._gathered(x, lengths)
+        send, full, recv, even = self._gathered(x, lengths, out)
         blocking = self._c.Gather if even else self._c.Gatherv
         nonblocking = self._c.Igather if even else self._c.Igatherv
         return self._go(
@@ -314,8 +317,8 @@ class MpiComm(Comm):
             lambda: self._pieces(full, lengths, even),
         )
 
-    def _all_gather(self, x, lengths, async_op):
-        send, full, recv, even = self._gathered(x, lengths)
+    def _all_gather(self, x, lengths, async_op, out):
+        send, full, recv, even = self._gathered(x, lengths, out)
         blocking = self._c.Allgather if even else self._c.Allgatherv
         nonblocking = self._c.Iallgather if even else self._c.Iallgatherv
         return self._go(

@@ -1,5 +1,7 @@
 """The world of one: every collective is a local no-op or copy."""
 
+import numpy as np
+
 from .base import Comm, Done
 
 __all__ = ["SerialComm"]
@@ -27,13 +29,13 @@ class SerialComm(Comm):
         return self._give(x, async_op)
 
     def _scatter(self, parts, whole, header, root, async_op):
-        return self._give(whole if parts is None else parts[0], async_op)
+        return self._give(_into(header["out"], whole if parts is None else parts[0]), async_op)
 
-    def _gather(self, x, lengths, root, async_op):
-        return self._give([x], async_op)
+    def _gather(self, x, lengths, root, async_op, out):
+        return self._give([_into(out, x)], async_op)
 
-    def _all_gather(self, x, lengths, async_op):
-        return self._give([x], async_op)
+    def _all_gather(self, x, lengths, async_op, out):
+        return self._give([_into(out, x)], async_op)
 
     def _barrier(self):
         pass
@@ -58,3 +60,14 @@ class SerialComm(Comm):
 
     def _split_comm(self, color, key):
         return None if color is None else SerialComm(self.placement, self.device, self.timeout, self._mon.child())
+
+
+def _into(out, x):
+    """Return x, or out holding a copy of x when out is given."""
+    if out is None:
+        return x
+    if isinstance(out, np.ndarray):
+        np.copyto(out, x)
+    else:
+        out.copy_(x)
+    return out

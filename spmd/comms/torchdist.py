@@ -220,11 +220,14 @@ class TorchComm(Comm):
     # gloo the process group is called directly, as in the fast paths.
 
     def _scatter(self, parts, whole, header, root, async_op):
-        lengths, trail, kind = header["lengths"], header["trail"], header["kind"]
-        top = max(lengths)
-        out = self._empty(kind, header["dtype"], (top,) + trail)
+        lengths, trail, kind, given = header["lengths"], header["trail"], header["kind"], header["out"]
+        top, mine = max(lengths), lengths[self.rank]
+        if given is not None and mine == top:
+            buf = _tensor(given)[0]  # receive into out itself
+        else:
+            buf = self._empty(kind, header["dtype"], (top,) + trail)
         if top == 0:
-            return self._done(_as_kind(out, kind), async_op)
+            return self._done(given if given is not None else _as_kind(buf, kind), async_op)
         send = None
         if self.rank == root:
             if parts is None:
@@ -232,14 +235,21 @@ class TorchComm(Comm):
                 even = lengths.count(top) == self.size
                 parts = list(t.chunk(self.size)) if even else self._split(t, lengths)
             send = [self._padded(p, top) for p in parts]
-        if self._direct(out):
+        if self._direct(buf):
             opts = ScatterOptions()
             opts.rootRank, opts.asyncOp = root, async_op
-            work = self._wait(self._pg.scatter([out], [] if send is None else [send], opts), async_op)
+            work = self._wait(self._pg.scatter([buf], [] if send is None else [send], opts), async_op)
         else:
-            work = dist.scatter(out, send, group=self._group, group_src=root, async_op=async_op)
-        mine = lengths[self.rank]
-        return self._go(work, lambda: _as_kind(out if mine == top else out[:mine], kind), async_op)
+            work = dist.scatter(buf, send, group=self._group, group_src=root, async_op=async_op)
+
+        def finish():
+            if given is None:
+                return _as_kind(buf if mine == top else buf[:mine], kind)
+            if mine != top:
+                _tensor(given)[0].copy_(buf[:mine])
+            return given
+
+        return self._go(work, finish, async_op)
 
     def _padded(self, x, rows):
         t, _ = _tensor(x)
@@ -249,17 +259,32 @@ class TorchComm(Comm):
         out[: t.shape[0]] = t
         return out
 
-    def _receive_buffers(self, send):
-        """Return one buffer for every rank's padded chunk, and its per-rank views."""
-        full = send.new_empty((self.size * send.shape[0],) + tuple(send.shape[1:]))
-        return full, list(full.chunk(self.size))
+    def _receive_buffers(self, send, lengths, out):
+        """Return views of one buffer, one per rank's padded chunk (out itself when it fits)."""
+        if out is not None and lengths.count(send.shape[0]) == self.size:
+            full = _tensor(out)[0]
+        else:
+            full = send.new_empty((self.size * send.shape[0],) + tuple(send.shape[1:]))
+        return list(full.chunk(self.size))
 
-    def _gather(self, x, lengths, root, async_op):
+    def _results(self, recv, lengths, x, top, out):
+        """Every rank's chunk, trimmed; copied into out unless received there."""
+        pieces = self._trim(recv, lengths, x, top)
+        if out is None:
+            return pieces
+        if top * self.size != sum(lengths):  # received padded: copy into out
+            torch.cat([_tensor(p)[0] for p in pieces], out=_tensor(out)[0])
+            return self._split(out, lengths)
+        return pieces
+
+    def _gather(self, x, lengths, root, async_op, out):
         top = max(lengths)
         if top == 0:  # nothing to move
-            return self._done(self._empties(x) if self.rank == root else None, async_op)
+            if self.rank != root:
+                return self._done(None, async_op)
+            return self._done(self._empties(x) if out is None else self._split(out, lengths), async_op)
         send = self._padded(x, top)
-        recv = self._receive_buffers(send)[1] if self.rank == root else None
+        recv = self._receive_buffers(send, lengths, out) if self.rank == root else None
         if self._direct(send):
             opts = GatherOptions()
             opts.rootRank, opts.asyncOp = root, async_op
@@ -268,21 +293,21 @@ class TorchComm(Comm):
             work = dist.gather(send, recv, group=self._group, group_dst=root, async_op=async_op)
         if self.rank != root:
             return self._go(work, lambda: None, async_op)
-        return self._go(work, lambda: self._trim(recv, lengths, x, top), async_op)
+        return self._go(work, lambda: self._results(recv, lengths, x, top, out), async_op)
 
-    def _all_gather(self, x, lengths, async_op):
+    def _all_gather(self, x, lengths, async_op, out):
         top = max(lengths)
         if top == 0:
-            return self._done(self._empties(x), async_op)
+            return self._done(self._empties(x) if out is None else self._split(out, lengths), async_op)
         send = self._padded(x, top)
-        recv = self._receive_buffers(send)[1]
+        recv = self._receive_buffers(send, lengths, out)
         if self._direct(send):
             opts = AllgatherOptions()
             opts.asyncOp = async_op
             work = self._wait(self._pg.allgather([recv], [send], opts), async_op)
         else:
             work = dist.all_gather(recv, send, group=self._group, async_op=async_op)
-        return self._go(work, lambda: self._trim(recv, lengths, x, top), async_op)
+        return self._go(work, lambda: self._results(recv, lengths, x, top, out), async_op)
 
     def _empties(self, x):
         """Every rank's chunk when all are empty: new empty arrays like x."""

@@ -232,6 +232,37 @@ def raises(fn, words, what):
     raise AssertionError(f"rank {r}: {what} did not raise")
 
 
+# -- equal=True (no description exchange) and out= (receive into a given array) ----------
+for kind in ("numpy",) if NUMPY_ONLY else ("numpy", "torch"):
+    mk = np if kind == "numpy" else torch
+    x = mk.ones((2, 3)) * (r + 1)
+    expect = [[[k + 1.0] * 3] * 2 for k in R]
+    same(np.stack([as_np(a) for a in comm.all_gather(x, equal=True)]), expect, f"all_gather equal {kind}")
+    buf = mk.zeros((2 * n, 3))
+    got = comm.all_gather(x, equal=True, out=buf)
+    same(buf.reshape(n, 2, 3), expect, f"all_gather out= fills out ({kind})")
+    got[0][0, 0] = -1.0
+    ok(float(buf[0, 0]) == -1.0, f"all_gather out= returns views of out ({kind})")
+    uneven = mk.ones((r + 1, 3)) * r
+    buf = mk.zeros((n * (n + 1) // 2, 3))
+    comm.all_gather(uneven, out=buf)
+    same(buf, np.concatenate([np.full((k + 1, 3), float(k)) for k in R]), f"all_gather uneven into out ({kind})")
+    buf = mk.zeros((2 * n, 3)) if r == n - 1 else None
+    got = comm.gather(x, root=n - 1, equal=True, out=buf)
+    if r == n - 1:
+        same(buf.reshape(n, 2, 3), expect, f"gather equal out= ({kind})")
+    else:
+        ok(got is None, "gather equal off root")
+    whole = mk.arange(6.0 * n).reshape(2 * n, 3)
+    mine = mk.zeros((2, 3))
+    back = comm.scatter(whole if r == 0 else None, equal=True, out=mine)
+    ok(back is mine, f"scatter equal returns out ({kind})")
+    same(mine, as_np(whole)[2 * r : 2 * r + 2], f"scatter equal out= ({kind})")
+    mine = mk.zeros((r + 1, 3))
+    chunks = [mk.ones((k + 1, 3)) * k for k in R] if r == 0 else None
+    same(comm.scatter(chunks, out=mine), np.full((r + 1, 3), float(r)), f"scatter uneven into out ({kind})")
+    raises(lambda: comm.all_gather(x, out=mk.zeros((n, 3))), ["out must be", f"shape ({2 * n}, 3)"], "all_gather bad out")
+
 raises(lambda: comm.scatter([np.zeros(1)] * (n + 1) if r == 0 else None), [f"expecting {n} chunks"], "scatter wrong length")
 if n > 1:
     mixed = [np.zeros(1)] * (n - 1) + [np.zeros(2, dtype=np.int8)]
