@@ -151,6 +151,8 @@ def _check_rows(doc, collectives, ranks=2):
             want -= {"gloo"}  # torch.distributed has no uneven scatter or gather
         if c == "all_reduce_many":
             want |= {i + "+coalesce" for i in want}
+        if c in ("scatter", "gather", "all_gather"):  # spmd's equal=True, out= form too
+            want |= {i + "+equal" for i in want if i.startswith("spmd-")}
         assert got == want, (c, got)
     for r in rows:
         assert r["ranks"] == ranks and r["bytes"] > 0 and r["samples"] >= 2 and r["calls_per_sample"] >= 1

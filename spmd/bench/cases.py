@@ -26,6 +26,7 @@ __all__ = [
     "Layout",
     "Case",
     "NotAvailable",
+    "EQUAL_FORM",
     "impls_for",
     "build",
     "expected",
@@ -37,6 +38,9 @@ COLLECTIVES = ("broadcast", "reduce", "all_reduce", "scatter", "gather", "all_ga
 EXTRAS = ("scatter_uneven", "gather_uneven", "all_reduce_many")
 
 ROOT = 0
+#: Collectives also timed in spmd's equal=True, out= form ("+equal"): same shape
+#: on every rank declared, so no description exchange, and a receive buffer given.
+EQUAL_FORM = ("scatter", "gather", "all_gather")
 
 
 def _busbw_factor(collective, n):
@@ -91,6 +95,8 @@ def impls_for(collective, world_impls):
         out.append(name)
         if collective == "all_reduce_many":
             out.append(name + "+coalesce")
+        if collective in EQUAL_FORM and name.startswith("spmd-"):
+            out.append(name + "+equal")
     return tuple(out)
 
 
@@ -212,6 +218,9 @@ def _scatter(world, impl, layout, fill, even):
         parts = list(whole.split(lengths)) if rank == ROOT else None
         return Case(lambda: dist.scatter(out, parts, src=ROOT), lambda: out)
     comm = _spmd(world, impl)
+    if impl.endswith("+equal"):
+        out = _buf(kind, lengths[rank])
+        return Case(lambda: comm.scatter(whole, ROOT, equal=True, out=out), lambda: out)
     # Even: the whole tensor, split by spmd; uneven: the list of chunks.
     chunks = whole if even or rank != ROOT else list(whole.split(lengths))
 
@@ -248,6 +257,11 @@ def _gather(world, impl, layout, fill, everyone, even):
             return Case(lambda: dist.all_gather(parts, x), lambda: recv)
         return Case(lambda: dist.gather(x, parts, dst=ROOT), lambda: recv)
     comm = _spmd(world, impl)
+    if impl.endswith("+equal"):
+        recv = _buf(kind, total) if receives else None
+        if everyone:
+            return Case(lambda: comm.all_gather(x, equal=True, out=recv), lambda: recv)
+        return Case(lambda: comm.gather(x, ROOT, equal=True, out=recv), lambda: recv)
     if everyone:
 
         def op():
@@ -291,6 +305,8 @@ def build(world, collective, impl, layout, fill=False):
     Raises NotAvailable where the implementation has no such operation.
     """
     if impl.endswith("+coalesce") and collective != "all_reduce_many":
+        raise NotAvailable(impl)
+    if impl.endswith("+equal") and collective not in EQUAL_FORM:
         raise NotAvailable(impl)
     if collective == "broadcast":
         return _broadcast(world, impl, layout, fill)

@@ -29,7 +29,7 @@ __all__ = [
 
 SCHEMA = "spmd-bench/1"
 #: (spmd implementation, the raw one it wraps)
-PAIRS = (("spmd-mpi", "mpi4py"), ("spmd-gloo", "gloo"))
+PAIRS = (("spmd-mpi", "mpi4py"), ("spmd-gloo", "gloo"), ("spmd-mpi+equal", "mpi4py"), ("spmd-gloo+equal", "gloo"))
 #: Size bands of the summary: (name, lowest bytes, highest bytes exclusive).
 BANDS = (("< 1 KiB", 0, 1 << 10), ("1 KiB - 1 MiB", 1 << 10, 1 << 20), (">= 1 MiB", 1 << 20, math.inf))
 
@@ -119,7 +119,7 @@ def table(rows, spread=False):
         out.append(f"== {collective}  ({ranks} ranks; {what}, busbw GB/s) ==")
         width = max([24 if spread else 16] + [len(i) + 2 for i in impls])
         head = f"{'size':>9} " + "".join(f"{i:>{width}}" for i in impls)
-        head += "".join(f"{a.split('-')[1] + ' x':>9}" for a, _ in pairs)
+        head += "".join(f"{a.split('-')[1] + ' x':>12}" for a, _ in pairs)
         out.append(head)
         for size in sizes:
             line = f"{format_size(size):>9} "
@@ -134,7 +134,7 @@ def table(rows, spread=False):
                 line += f"{cell + ' ' + _fmt_bw(r['busbw_gbps']):>{width}}"
             for a, b in pairs:
                 ra, rb = idx.get((collective, a, size)), idx.get((collective, b, size))
-                line += f"{ra['time_us'] / rb['time_us']:>8.2f}x" if ra and rb else f"{'-':>9}"
+                line += f"{ra['time_us'] / rb['time_us']:>11.2f}x" if ra and rb else f"{'-':>12}"
             out.append(line)
         out.append("")
     return "\n".join(out)
@@ -216,7 +216,7 @@ def _banded(triples, labels):
 def summary_table(summ):
     """Return the summary as text."""
     lines = ["== spmd vs raw: time ratio (median, max) and us added (median, max) per size band =="]
-    lines.append(f"{'collective':<16}{'spmd / raw':<22}{'band':<15}{'ratio':>7}{'max':>7}{'+us':>9}{'max':>9}")
+    lines.append(f"{'collective':<16}{'spmd / raw':<28}{'band':<15}{'ratio':>7}{'max':>7}{'+us':>9}{'max':>9}")
     for s in summ["wrapper"]:
         lines.append(_sline(s["collective"], f"{s['spmd']} / {s['raw']}", s))
     for s in summ["best"]:
@@ -234,7 +234,7 @@ def summary_table(summ):
 
 
 def _sline(collective, what, s):
-    return (f"{collective:<16}{what:<22}{s['band']:<15}{s['median_ratio']:>7.2f}{s['max_ratio']:>7.2f}"
+    return (f"{collective:<16}{what:<28}{s['band']:<15}{s['median_ratio']:>7.2f}{s['max_ratio']:>7.2f}"
             f"{s['median_added_us']:>9.1f}{s['max_added_us']:>9.1f}")
 
 
@@ -262,6 +262,8 @@ _STYLE = {
     "mpi4py-torchbuf": ("tab:green", ":", "^"),
     "spmd-gloo": ("tab:orange", "-", "o"),
     "gloo": ("tab:orange", "--", "x"),
+    "spmd-mpi+equal": ("tab:purple", "-", "s"),
+    "spmd-gloo+equal": ("tab:red", "-", "s"),
 }
 
 
