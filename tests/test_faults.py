@@ -73,7 +73,15 @@ def test_a_rank_raises_before_a_collective(launcher):
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("launcher", LAUNCHERS)
 def test_a_rank_killed_inside_a_collective(launcher):
-    check(play(launcher, "sigkill", size=3), QUICK, "rank 1 of 3 died without reporting an error")
+    words = "rank 1 of 3 died without reporting an error"
+    result = play(launcher, "sigkill", size=3)
+    if launcher == "mpirun" and words not in result[1] and "Killed (signal 9)" in result[1]:
+        # Hydra SIGKILLs the other ranks as soon as it sees one killed, racing spmd's
+        # hub in rank 0 (docs/reliability.md); the job still ended.  Our message must
+        # win at least one of two tries.
+        check(result, QUICK)
+        result = play(launcher, "sigkill", size=3)
+    check(result, QUICK, words)
 
 
 @needs_mpirun
