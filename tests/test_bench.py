@@ -194,6 +194,24 @@ def test_launch_option_starts_mpirun_itself(tmp_path):
 
 
 @needs_mpirun
+@pytest.mark.timeout(200)
+def test_chunked_all_reduce_memory_is_bounded_by_the_chunk(tmp_path):
+    out = tmp_path / "mem.json"
+    cmd = [MPIRUN, "-n", 2, PY, "-m", "spmd.cli.bench", "--memory", "--sizes", "32M", "--chunk", "1M",
+           "--json", out]
+    result = run(cmd, 180, clean_env())
+    assert result.returncode == 0, result.stdout[-4000:]
+    rows = {(r["backend"], r["chunk_bytes"]): r for r in json.loads(out.read_text())["rows"]}
+    assert set(rows) == {("mpi", None), ("mpi", 1 << 20), ("gloo", None), ("gloo", 1 << 20)}
+    assert all(r["correct"] for r in rows.values())
+    # MPICH's allreduce takes half the array as scratch; in 1 MiB pieces it needs a few MiB at most.
+    assert rows[("mpi", None)]["extra_kib"] > 8 * 1024, rows
+    assert rows[("mpi", 1 << 20)]["extra_kib"] < 4 * 1024, rows
+    assert rows[("gloo", 1 << 20)]["extra_kib"] < 4 * 1024, rows
+    assert "extra / chunk" in result.stdout
+
+
+@needs_mpirun
 @pytest.mark.timeout(300)
 def test_startup_breakdown(tmp_path):
     script = tmp_path / "job.py"

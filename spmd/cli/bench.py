@@ -118,6 +118,10 @@ _POSITIVE = click.FloatRange(min=0, min_open=True)
 @click.option("--script", type=click.Path(exists=True, dir_okay=False),
               help="Start-up: time to the first collective of this script "
                    "[default: jobs/scatter_gather.py, else jobs/collectives.py, if present].")
+@click.option("--memory", is_flag=True,
+              help="Measure memory instead: the extra peak memory of one all_reduce of the largest "
+                   "size (--max-size or --sizes), whole and with chunk_bytes=--chunk.")
+@click.option("--chunk", default="1M", show_default=True, help="--memory: the chunk_bytes to compare.")
 @click.pass_context
 def bench(ctx, **opts):
     """Time the six collectives (and uneven chunks, and a list of small
@@ -129,6 +133,8 @@ def bench(ctx, **opts):
 
         mpirun -n 2 spmd bench --max-size 64M --json out.json --plot out.png
     """
+    if opts["memory"] and (opts["startup"] or opts["alone"]):
+        raise click.UsageError("--memory runs in a launched world: leave out --startup and --alone")
     if opts["startup"]:
         _startup(opts["startup_ranks"], opts["repeats"], opts["script"], opts["json_path"], opts["quiet"])
         return
@@ -159,6 +165,9 @@ def _in_world(settings, opts):
     except SpmdError as exc:
         raise click.ClickException(str(exc)) from None
     lead = world.rank == 0
+    if opts["memory"]:
+        _memory(world, settings, opts)
+        return
 
     def progress(row):
         click.echo(f"  {row['collective']:<16}{row['impl']:<20}{row['size']:>11} B "
@@ -186,6 +195,23 @@ def _in_world(settings, opts):
         except RuntimeError as exc:
             raise click.ClickException(str(exc)) from None
         click.echo(f"wrote {opts['plot_path']}", err=True)
+
+
+def _memory(world, settings, opts):
+    from ..bench import memory, parse_size
+    from ..bench.report import write_json
+
+    if not memory.available():
+        raise click.ClickException("--memory needs Linux's /proc/self/clear_refs and VmHWM")
+    nbytes = settings.sizes[-1] if settings.sizes else 64 << 20
+    rows = memory.measure(world, nbytes, parse_size(opts["chunk"]))
+    world.close()
+    if world.rank != 0:
+        return
+    click.echo(memory.memory_table(rows))
+    if opts["json_path"]:
+        write_json(opts["json_path"], {"schema": "spmd-bench-memory/1", "rows": rows})
+        click.echo(f"wrote {opts['json_path']}", err=True)
 
 
 def _startup(ranks, repeats, script, json_path, quiet):
