@@ -59,7 +59,7 @@ def measure(world, nbytes, chunk_bytes):
             ok = bool(float(x[0]) == float(world.size) ** (2 if chunk else 1))
             rows.append({"backend": backend, "bytes": nbytes, "chunk_bytes": chunk,
                          "extra_kib": worst, "correct": ok})
-        del x
+        x = None  # free it before the next backend
     return rows
 
 

@@ -20,6 +20,11 @@ __all__ = ["MpiComm"]
 #: From this many bytes on, reduce runs as an allreduce (into scratch space on
 #: the other ranks): MPICH's reduce is several times slower there (docs/performance.md).
 REDUCE_BY_ALLREDUCE = 256 * 1024
+#: Blocking allreduces of at least twice this many bytes run in pieces of this
+#: size: MPICH's allreduce of 64-256 MiB is 2-3x slower than the same bytes in
+#: 16 MiB pieces here (docs/performance.md), and the scratch space MPI takes
+#: (half the message) stays one piece.
+PIECE = 16 << 20
 
 _FAST_OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX}  # no "avg"
 _OPS = dict(_FAST_OPS, avg=MPI.SUM)
@@ -63,6 +68,14 @@ def _direct(x):
     return None
 
 
+def _bytes(spec):
+    """Turn a _direct spec of a into a byte message: data movement sends bytes on every path.
+
+    No count: for the gathers and scatter mpi4py divides the buffer's bytes by the ranks.
+    """
+    return [spec[0] if type(spec) is list else spec, MPI.BYTE]
+
+
 def _raw(a):
     """Return contiguous array or tensor a as something MPI reads by address (paired with MPI.BYTE)."""
     if type(a) is np.ndarray:
@@ -101,6 +114,7 @@ class MpiComm(Comm):
     def __init__(self, mpi_comm, placement=None, timeout=None, monitor=None):
         self._c = mpi_comm
         self._rows = None  # where description rows are gathered
+        self._kept_scratch = None  # see _scratch_like
         super().__init__(mpi_comm.Get_rank(), mpi_comm.Get_size(), placement, "cpu", timeout, monitor)
 
     @staticmethod
@@ -129,15 +143,14 @@ class MpiComm(Comm):
             if buf is not None:
                 # As bytes, like the general path: the type signatures of all
                 # ranks must match, whichever path each rank takes.
-                spec = [buf[0] if type(buf) is list else buf, x.nbytes, MPI.BYTE]
-                return self._direct_call(x, "broadcast", root, None, self._c.Bcast, spec, root)
+                return self._direct_call(x, "broadcast", root, None, self._c.Bcast, _bytes(buf), root)
         return super().broadcast(x, root, async_op)
 
     def all_reduce(self, x, op="sum", async_op=False, chunk_bytes=None):
         mop = None if async_op or chunk_bytes is not None or self._mon.active else _FAST_OPS.get(op)
         if mop is not None:
             buf = _direct(x)
-            if buf is not None:
+            if buf is not None and x.nbytes < 2 * PIECE:  # larger: in pieces, on the general path
                 return self._direct_call(x, "all_reduce", None, op, self._c.Allreduce, MPI.IN_PLACE, buf, mop)
         return super().all_reduce(x, op, async_op, chunk_bytes)
 
@@ -150,6 +163,51 @@ class MpiComm(Comm):
                     return self._direct_call(x, "reduce", root, op, self._c.Reduce, MPI.IN_PLACE, buf, mop, root)
                 return self._direct_call(x, "reduce", root, op, self._c.Reduce, buf, None, mop, root)
         return super().reduce(x, root, op, async_op)
+
+    # The same for scatter and the gathers called with equal=True and out= (and
+    # contiguous arrays of one plain dtype): shapes are known, nothing to allocate.
+
+    def _same_layout(self, x, out, rows):
+        """Tell whether out is x's dtype with rows rows of x's trailing shape."""
+        return out.dtype == x.dtype and out.shape[0] == rows and out.shape[1:] == x.shape[1:]
+
+    def all_gather(self, x, async_op=False, *, equal=False, out=None):
+        if equal and out is not None and not async_op and not self._mon.active:
+            send, recv = _direct(x), _direct(out)
+            if send is not None and recv is not None and self._same_layout(x, out, x.shape[0] * self.size):
+                self._direct_call(x, "all_gather", None, "equal", self._c.Allgather, _bytes(send), _bytes(recv))
+                return self._even_pieces(out)
+        return super().all_gather(x, async_op, equal=equal, out=out)
+
+    def gather(self, x, root=0, async_op=False, *, equal=False, out=None):
+        if equal and not async_op and not self._mon.active and type(root) is int and 0 <= root < self.size:
+            send = _direct(x)
+            if send is not None and self.rank != root:
+                self._direct_call(x, "gather", root, "equal", self._c.Gather, _bytes(send), None, root)
+                return None
+            recv = None if out is None else _direct(out)
+            if send is not None and recv is not None and self._same_layout(x, out, x.shape[0] * self.size):
+                self._direct_call(x, "gather", root, "equal", self._c.Gather, _bytes(send), _bytes(recv), root)
+                return self._even_pieces(out)
+        return super().gather(x, root, async_op, equal=equal, out=out)
+
+    def scatter(self, chunks=None, root=0, async_op=False, *, equal=False, out=None):
+        if equal and out is not None and not async_op and not self._mon.active and type(root) is int and 0 <= root < self.size:
+            recv = _direct(out)
+            send = _direct(chunks) if self.rank == root else None
+            if recv is not None and (self.rank != root or (
+                send is not None and self._same_layout(out, chunks, out.shape[0] * self.size)
+            )):
+                spec = None if send is None else _bytes(send)
+                self._direct_call(out, "scatter", root, "equal", self._c.Scatter, spec, _bytes(recv), root)
+                return out
+        return super().scatter(chunks, root, async_op, equal=equal, out=out)
+
+    def _even_pieces(self, full):
+        """Cut full along dim 0 into one view per rank."""
+        if type(full) is np.ndarray:
+            return list(full.reshape((self.size, full.shape[0] // self.size) + full.shape[1:]))
+        return list(full.chunk(self.size))
 
     def _direct_call(self, x, name, root, op, fn, *args):
         """Run fn(*args) as this communicator's next collective; return x."""
@@ -183,7 +241,7 @@ class MpiComm(Comm):
         a, widened, mop = self._reduction(c, op)
         return self._go(
             async_op,
-            lambda: self._c.Allreduce(MPI.IN_PLACE, a, mop),
+            lambda: self._allreduce_pieces(MPI.IN_PLACE, a, mop),
             lambda: self._c.Iallreduce(MPI.IN_PLACE, a, mop),
             lambda: self._finish_reduce(x, a, op, widened, back),
         )
@@ -197,19 +255,49 @@ class MpiComm(Comm):
         else:  # this rank's x stays as it was
             send, recv, finish = a, None, lambda: x
         if a.nbytes >= REDUCE_BY_ALLREDUCE:  # other ranks get the result in scratch space
-            recv = recv if self.rank == root else np.empty_like(a)
-            return self._go(
-                async_op,
-                lambda: self._c.Allreduce(send, recv, mop),
-                lambda: self._c.Iallreduce(send, recv, mop),
-                finish,
-            )
+            if async_op:
+                recv = recv if self.rank == root else np.empty_like(a)
+                return self._go(True, None, lambda: self._c.Iallreduce(send, recv, mop), finish)
+            self._allreduce_pieces(send, a if recv is None else recv, mop, scratch=recv is None)
+            return finish()
         return self._go(
             async_op,
             lambda: self._c.Reduce(send, recv, mop, root),
             lambda: self._c.Ireduce(send, recv, mop, root),
             finish,
         )
+
+    def _allreduce_pieces(self, send, a, mop, scratch=False):
+        """Allreduce numpy array a, in pieces of PIECE bytes once it is twice that.
+
+        send is MPI.IN_PLACE (a is reduced in place) or, with scratch, a
+        itself: the result then lands in a kept buffer of one piece and
+        is dropped (reduce on ranks other than root).
+        """
+        step = max(1, PIECE // max(1, a.itemsize))
+        flat = a.reshape(-1)
+        if a.nbytes < 2 * PIECE:
+            pieces = [flat]
+        else:
+            pieces = [flat[i : i + step] for i in range(0, flat.shape[0], step)]
+        sink = self._scratch_like(pieces[0]) if scratch else None
+        for piece in pieces:
+            if scratch:
+                self._c.Allreduce(piece, sink[: piece.shape[0]], mop)
+            else:
+                self._c.Allreduce(MPI.IN_PLACE, piece, mop)
+
+    def _scratch_like(self, a):
+        """Return a 1-d buffer like a for results nobody reads, kept between calls.
+
+        A fresh buffer per call would fault in its pages every time
+        (milliseconds at a few MiB here); the one kept is at most one
+        piece (PIECE bytes) and lives as long as the communicator.
+        """
+        kept = self._kept_scratch
+        if kept is None or kept.nbytes < a.nbytes:
+            kept = self._kept_scratch = np.empty(a.nbytes, np.uint8)
+        return kept[: a.nbytes].view(a.dtype).reshape(a.shape)
 
     def _finish_reduce(self, x, a, op, widened, back):
         if op == "avg":

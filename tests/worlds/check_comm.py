@@ -196,6 +196,24 @@ same(strided[999], [n * (n + 1) / 2] * 4, "chunked all_reduce, non-contiguous")
 large = np.full(300_000, float(r + 1))  # past the reduce-by-allreduce size on mpi
 comm.reduce(large, root=n - 1)
 same(large[[0, -1]], [n * (n + 1) / 2] * 2 if r == n - 1 else [r + 1.0] * 2, "large reduce, others unchanged")
+if comm.backend == "mpi":  # large blocking allreduces run in pieces; make pieces small to see them
+    import spmd.comms.mpi as mpi_backend
+
+    saved, mpi_backend.PIECE = mpi_backend.PIECE, 4096
+    try:
+        big = np.arange(300_001, dtype=np.float64) + r  # 2.4 MB: 586 pieces, the last one short
+        comm.all_reduce(big)
+        same(big[[0, 1, 511, 512, -1]], [n * k + sum(R) for k in (0, 1, 511, 512, 300_000)], "all_reduce in pieces")
+        big = np.arange(300_001, dtype=np.float32) + r
+        comm.reduce(big, root=0)
+        want = [n * k + sum(R) for k in (0, 1023, 1024, 300_000)] if r == 0 else [k + r for k in (0, 1023, 1024, 300_000)]
+        same(big[[0, 1023, 1024, -1]], want, "reduce in pieces, others unchanged")
+        if not NUMPY_ONLY:
+            t = torch.ones(300_001, dtype=torch.bfloat16)
+            comm.all_reduce(t)
+            same(t[[0, -1]].float(), [float(n)] * 2, "bfloat16 all_reduce in pieces")
+    finally:
+        mpi_backend.PIECE = saved
 
 # -- objects -------------------------------------------------------------
 ok(comm.broadcast_object({"a": [1, 2]} if r == 0 else None) == {"a": [1, 2]}, "broadcast_object")
