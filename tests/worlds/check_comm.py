@@ -178,6 +178,20 @@ if not NUMPY_ONLY:
     h = comm.gather(torch.tensor([r]), root=0, async_op=True)
     res = h.wait()
     ok(res is None if r else [int(v) for v in res] == R, "async gather")
+    h = comm.gather(torch.full((r + 1,), float(r)), root=n - 1, async_op=True)
+    res = h.wait()
+    ok(res is None if r != n - 1 else [p.tolist() for p in res] == [[float(k)] * (k + 1) for k in R],
+       "async uneven gather")
+    h = comm.scatter([torch.full((k + 1, 2), k) for k in R] if r == 0 else None, async_op=True)
+    same(h.wait(), np.full((r + 1, 2), r), "async uneven scatter")
+    # dtypes gloo's point-to-point and MPI's byte views must carry as they are
+    for dt in (torch.complex64, torch.bool):
+        x = (torch.ones(r + 1, 2) * (r + 1)).to(dt)
+        g = comm.gather(x, root=0)
+        if r == 0:
+            ok(all(torch.equal(p, (torch.ones(k + 1, 2) * (k + 1)).to(dt)) for k, p in enumerate(g)), f"gather {dt}")
+        got = comm.scatter([(torch.ones(k + 2, 3) * k).to(dt) for k in R] if r == 0 else None)
+        ok(got.dtype == dt and torch.equal(got, (torch.ones(r + 2, 3) * r).to(dt)), f"scatter {dt}")
 
 # -- coalesced and chunked all_reduce, large reduce ------------------------------
 tensors = [np.full((k + 1, 3), float(r + k)) for k in range(5)] + [np.full(4, r, dtype=np.int64)]
