@@ -12,8 +12,17 @@ import numpy as np
 from mpi4py import MPI
 
 from .arrays import contiguous as _contiguous
-from .arrays import is_tensor
 from .base import Comm, Handle
+from .mpi_buffers import address as _address
+from .mpi_buffers import as_bytes as _bytes
+from .mpi_buffers import contig as _contig
+from .mpi_buffers import direct as _direct
+from .mpi_buffers import displs as _displs
+from .mpi_buffers import finish as _finish
+from .mpi_buffers import kept as _kept
+from .mpi_buffers import raw as _raw
+from .mpi_buffers import row_bytes as _row_bytes
+from .mpi_buffers import typed as _typed
 
 __all__ = ["MpiComm"]
 
@@ -29,81 +38,6 @@ PIECE = 16 << 20
 _FAST_OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX}  # no "avg"
 _OPS = dict(_FAST_OPS, avg=MPI.SUM)
 _BOOL_OPS = {"sum": MPI.LOR, "prod": MPI.LAND, "min": MPI.LAND, "max": MPI.LOR}
-
-
-_TYPES = {}  # numpy or torch dtype -> MPI datatype, for the fast path
-
-
-def _mpi_type(dtype):
-    """Return the MPI datatype for a plain numeric dtype, or None (bool, bfloat16, ...)."""
-    try:
-        return _TYPES[dtype]
-    except KeyError:
-        pass
-    name = str(dtype).replace("torch.", "")
-    try:
-        char = np.dtype(name).char if name not in ("bool", "bfloat16") else None
-    except TypeError:
-        char = None
-    # Predefined types only: MPI's reductions are not defined on derived ones.
-    mpi_type = MPI._typedict.get(char) if char else None
-    _TYPES[dtype] = mpi_type
-    return mpi_type
-
-
-def _direct(x):
-    """Return an MPI buffer spec over x itself when x needs no conversion, else None.
-
-    The fast path of the in-place collectives: a contiguous CPU array of
-    a plain numeric dtype goes to MPI by address, without views or copies.
-    """
-    if type(x) is np.ndarray:
-        if x.flags.c_contiguous and x.size and _mpi_type(x.dtype) is not None:
-            return x
-        return None
-    if is_tensor(x) and x.is_cpu and x.is_contiguous() and x.numel():
-        mpi_type = _mpi_type(x.dtype)
-        if mpi_type is not None:
-            return [MPI.buffer.fromaddress(x.data_ptr(), x.nbytes), mpi_type]
-    return None
-
-
-def _bytes(spec):
-    """Turn a _direct spec of a into a byte message: data movement sends bytes on every path.
-
-    No count: for the gathers and scatter mpi4py divides the buffer's bytes by the ranks.
-    """
-    return [spec[0] if type(spec) is list else spec, MPI.BYTE]
-
-
-def _raw(a):
-    """Return contiguous array or tensor a as something MPI reads by address (paired with MPI.BYTE)."""
-    if type(a) is np.ndarray:
-        return a
-    return MPI.buffer.fromaddress(a.data_ptr(), a.nbytes)  # any dtype, no view objects
-
-
-def _contig(x):
-    """Return x, or a contiguous copy of it; MPI reads by address, so no detach is needed."""
-    if type(x) is np.ndarray:
-        return x if x.flags.c_contiguous else np.ascontiguousarray(x)
-    return x if x.is_contiguous() else x.detach().contiguous()
-
-
-def _address(a):
-    return a.ctypes.data if type(a) is np.ndarray else a.data_ptr()
-
-
-def _typed(c):
-    """Return a numpy view of contiguous c for reductions, and a write-back."""
-    if isinstance(c, np.ndarray):
-        return c, None
-    import torch
-
-    if c.dtype == torch.bfloat16:
-        wide = c.float()
-        return wide.numpy(), lambda: c.copy_(wide)
-    return c.numpy(), None
 
 
 class MpiComm(Comm):
@@ -449,30 +383,3 @@ class MpiComm(Comm):
     def _split_comm(self, color, key):
         new = self._c.Split(MPI.UNDEFINED if color is None else color, key)
         return None if new == MPI.COMM_NULL else MpiComm(new, self.placement, self.timeout, self._mon.child())
-
-
-def _finish(x, back):
-    if back is not None:
-        back()
-    return x
-
-
-def _kept(result, *alive):
-    """Return result; naming alive in a closure keeps those buffers until the call is done."""
-    return result
-
-
-def _row_bytes(a, trail):
-    n = 1
-    for d in trail:
-        n *= d
-    itemsize = a.itemsize if isinstance(a, np.ndarray) else a.element_size()
-    return n * itemsize
-
-
-def _displs(counts):
-    out, total = [], 0
-    for n in counts:
-        out.append(total)
-        total += n
-    return out

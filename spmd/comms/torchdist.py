@@ -6,7 +6,6 @@ from datetime import timedelta
 import numpy as np
 import torch
 import torch.distributed as dist
-
 from torch.distributed.distributed_c10d import AllgatherOptions
 
 from ..errors import CollectiveError

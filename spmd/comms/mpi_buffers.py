@@ -1,0 +1,118 @@
+"""How arrays become MPI messages: datatypes, byte views, addresses, layouts.
+
+Helpers of the mpi backend (``spmd.comms.mpi``), kept apart from its
+collectives.  A numpy array goes to mpi4py as itself; a torch tensor by
+address (``MPI.buffer.fromaddress``), which costs a fraction of a
+microsecond where ``t.numpy()`` or mpi4py's DLPack path cost several.
+"""
+
+import numpy as np
+from mpi4py import MPI
+
+from .arrays import is_tensor
+
+__all__ = ["mpi_type", "direct", "as_bytes", "raw", "contig", "address", "typed",
+           "kept", "row_bytes", "displs", "finish"]
+
+_TYPES = {}  # numpy or torch dtype -> MPI datatype, for the fast paths
+
+
+def mpi_type(dtype):
+    """Return the MPI datatype for a plain numeric dtype, or None (bool, bfloat16, ...)."""
+    try:
+        return _TYPES[dtype]
+    except KeyError:
+        pass
+    name = str(dtype).replace("torch.", "")
+    try:
+        char = np.dtype(name).char if name not in ("bool", "bfloat16") else None
+    except TypeError:
+        char = None
+    # Predefined types only: MPI's reductions are not defined on derived ones.
+    found = MPI._typedict.get(char) if char else None
+    _TYPES[dtype] = found
+    return found
+
+
+def direct(x):
+    """Return an MPI buffer spec over x itself when x needs no conversion, else None.
+
+    The fast path of the in-place collectives: a contiguous CPU array of
+    a plain numeric dtype goes to MPI by address, without views or copies.
+    """
+    if type(x) is np.ndarray:
+        if x.flags.c_contiguous and x.size and mpi_type(x.dtype) is not None:
+            return x
+        return None
+    if is_tensor(x) and x.is_cpu and x.is_contiguous() and x.numel():
+        datatype = mpi_type(x.dtype)
+        if datatype is not None:
+            return [MPI.buffer.fromaddress(x.data_ptr(), x.nbytes), datatype]
+    return None
+
+
+def as_bytes(spec):
+    """Turn a direct() spec into a byte message: data movement sends bytes on every path.
+
+    No count: for the gathers and scatter mpi4py divides the buffer's bytes by the ranks.
+    """
+    return [spec[0] if type(spec) is list else spec, MPI.BYTE]
+
+
+def raw(a):
+    """Return contiguous array or tensor a as something MPI reads by address (paired with MPI.BYTE)."""
+    if type(a) is np.ndarray:
+        return a
+    return MPI.buffer.fromaddress(a.data_ptr(), a.nbytes)  # any dtype, no view objects
+
+
+def contig(x):
+    """Return x, or a contiguous copy of it; MPI reads by address, so no detach is needed."""
+    if type(x) is np.ndarray:
+        return x if x.flags.c_contiguous else np.ascontiguousarray(x)
+    return x if x.is_contiguous() else x.detach().contiguous()
+
+
+def address(a):
+    return a.ctypes.data if type(a) is np.ndarray else a.data_ptr()
+
+
+def typed(c):
+    """Return a numpy view of contiguous c for reductions, and a write-back."""
+    if isinstance(c, np.ndarray):
+        return c, None
+    import torch
+
+    if c.dtype == torch.bfloat16:
+        wide = c.float()
+        return wide.numpy(), lambda: c.copy_(wide)
+    return c.numpy(), None
+
+
+def finish(x, back):
+    if back is not None:
+        back()
+    return x
+
+
+def kept(result, *alive):
+    """Return result; naming alive in a closure keeps those buffers until the call is done."""
+    return result
+
+
+def row_bytes(a, trail):
+    """Return the bytes of one dim-0 row of a, whose shape after dim 0 is trail."""
+    n = 1
+    for d in trail:
+        n *= d
+    itemsize = a.itemsize if isinstance(a, np.ndarray) else a.element_size()
+    return n * itemsize
+
+
+def displs(counts):
+    """Return the displacements of consecutive blocks of these counts."""
+    out, total = [], 0
+    for n in counts:
+        out.append(total)
+        total += n
+    return out
