@@ -144,3 +144,10 @@ def unused_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@needs_mpirun
+@pytest.mark.timeout(150)
+def test_debug_mode_checks_the_equal_promise_of_gathers():
+    check(play("mpirun", "equal", SPMD_DEBUG=1), QUICK, "collective mismatch at call #2",
+          "rank 0: #2 all_gather op=equal float64 (3,)", "rank 1: #2 all_gather op=equal float64 (4,)")

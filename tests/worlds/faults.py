@@ -35,6 +35,8 @@ elif scenario == "mismatch":
         comm.all_reduce(x)
 elif scenario == "shapes":
     comm.all_reduce(np.ones(3 + r))
+elif scenario == "equal":  # equal=True promises one shape; debug mode checks the promise
+    comm.all_gather(np.ones(3 + r), equal=True, out=np.zeros(2 * (3 + r)))
 elif scenario != "late":
     sys.exit(f"unknown scenario {scenario}")
 print(f"DONE rank {r}", flush=True)
