@@ -10,6 +10,8 @@ __all__ = [
     "RendezvousError",
     "CollectiveError",
     "CollectiveTimeout",
+    "PEER_LOST",
+    "is_peer_lost",
 ]
 
 
@@ -35,3 +37,14 @@ class CollectiveError(SpmdError, ValueError):
 
 class CollectiveTimeout(SpmdError, TimeoutError):
     """A collective waited longer than the timeout for the other ranks."""
+
+
+#: Words of backend errors that mean a peer vanished or closed its connection.
+PEER_LOST = ("closed by peer", "reset by peer", "Broken pipe", "Connection refused")
+
+
+def is_peer_lost(exc):
+    """Tell whether exc reads like a peer that died or hung up, not like this rank's own fault."""
+    text = str(exc)
+    return any(words in text for words in PEER_LOST)
+

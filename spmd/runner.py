@@ -15,6 +15,8 @@ import sys
 import time
 import traceback
 
+from .errors import is_peer_lost
+
 __all__ = ["run_script", "abort", "report_failure"]
 
 USAGE = "usage: python -m spmd [-m module | script.py] [args...]"
@@ -39,15 +41,11 @@ def _who():
     return f"{who} on {socket.gethostname()} (pid {os.getpid()})"
 
 
-#: Errors that mean a peer vanished; the hub in rank 0 names the dead rank better.
-_PEER_LOST = ("closed by peer", "reset by peer", "Broken pipe", "Connection refused")
-
-
 def report_failure(exc_type, exc, tb):
     """Write a traceback headed by the failing rank, host and pid to stderr."""
-    if any(words in str(exc) for words in _PEER_LOST):
-        # Most likely another rank died inside this collective: give the hub
-        # a moment to say which, and to end this rank, before blaming this one.
+    if is_peer_lost(exc):
+        # Most likely another rank died (or timed out) inside this collective: give
+        # the hub a moment to say which, and to end this rank, before blaming this one.
         time.sleep(PEER_GRACE)
     text = "".join(traceback.format_exception(exc_type, exc, tb))
     sys.stderr.write(f"### spmd: {_who()} failed:\n{text}")

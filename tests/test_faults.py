@@ -151,3 +151,12 @@ def unused_port():
 def test_debug_mode_checks_the_equal_promise_of_gathers():
     check(play("mpirun", "equal", SPMD_DEBUG=1), QUICK, "collective mismatch at call #2",
           "rank 0: #2 all_gather op=equal float64 (3,)", "rank 1: #2 all_gather op=equal float64 (4,)")
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("launcher", ["spmd-run", "torchrun"])
+def test_the_first_rank_to_time_out_still_reports_where_the_others_were(launcher):
+    """On gloo a timed-out rank closes its connections: the peer's 'closed by peer'
+    error must not pre-empt the timeout report, which lists the peer's call."""
+    check(play(launcher, "mismatch-late"), SLOW, "rank 0: broadcast (call #2) timed out after 6 s",
+          "rank 1 in #2 all_reduce (a peer closed its connection)")

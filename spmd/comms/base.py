@@ -9,7 +9,7 @@ the result.
 
 import numpy as np
 
-from ..errors import CollectiveError
+from ..errors import CollectiveError, is_peer_lost
 from ..monitor import Monitor
 from . import meta
 from .arrays import check_array, check_op, dtype_name, split_sizes
@@ -104,7 +104,12 @@ class Comm:
         text = str(exc).lower()
         if "timed out" in text or "timeout" in text:
             raise self._mon.timeout_error(self, fp, exc, self._peers_report(fp)) from None
+        if is_peer_lost(exc):  # a peer that timed out may be waiting to hear where this rank was
+            self._note_stuck(fp, "(a peer closed its connection)")
         raise exc
+
+    def _note_stuck(self, fp, why=""):
+        """Tell the other ranks' timeout reports that this rank was in collective fp."""
 
     def _peers_report(self, fp):
         """Say where the other ranks were when collective fp timed out, if knowable."""

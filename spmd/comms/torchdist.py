@@ -68,21 +68,32 @@ class TorchComm(Comm):
         self._pg = (group if group is not None else dist.group.WORLD) if backend == "gloo" else None
         self._roots = {}  # root -> (BroadcastOptions, ReduceOptions)
 
+    def _stuck_key(self, rank):
+        tag = "world" if self._ranks is None else "-".join(map(str, self._ranks))
+        return f"spmd/stuck/{tag}/{rank}"
+
+    def _note_stuck(self, fp, why=""):
+        if self._store is None:
+            return
+        try:
+            self._store.set(self._stuck_key(self.rank), f"#{fp[0]} {fp[1]} {why}".rstrip())
+        except Exception:  # the store may be gone with rank 0
+            pass
+
     def _peers_report(self, fp):
         """Ask the store where the other ranks were stuck; wait a few seconds for them."""
         if self._store is None:
             return None
-        tag = "world" if self._ranks is None else "-".join(map(str, self._ranks))
-        key = f"spmd/stuck/{tag}/".__add__
+        key = self._stuck_key
         try:
-            self._store.set(key(str(self.rank)), f"#{fp[0]} {fp[1]}")
+            self._store.set(key(self.rank), f"#{fp[0]} {fp[1]}")
             deadline = time.monotonic() + min(5.0, self.timeout or 5.0)
             while True:
-                here = [r for r in range(self.size) if self._store.check([key(str(r))])]
+                here = [r for r in range(self.size) if self._store.check([key(r)])]
                 if len(here) == self.size or time.monotonic() > deadline:
                     break
                 time.sleep(0.2)
-            where = {r: self._store.get(key(str(r))).decode() for r in here}
+            where = {r: self._store.get(key(r)).decode() for r in here}
         except Exception:  # the store itself may be gone with rank 0
             return None
         waiting = ", ".join(f"rank {r} in {w}" for r, w in sorted(where.items()))

@@ -28,10 +28,12 @@ elif scenario == "sigkill":
         time.sleep(0.5)  # let the others enter the collective first
         os.kill(os.getpid(), signal.SIGKILL)
     comm.all_reduce(x)
-elif scenario == "mismatch":
+elif scenario in ("mismatch", "mismatch-late"):
     if r == 0:
         comm.broadcast(x, root=0)
     else:
+        if scenario == "mismatch-late":
+            time.sleep(1.0)  # rank 0 times out first; gloo then closes rank 1's connection
         comm.all_reduce(x)
 elif scenario == "shapes":
     comm.all_reduce(np.ones(3 + r))
