@@ -47,4 +47,3 @@ def is_peer_lost(exc):
     """Tell whether exc reads like a peer that died or hung up, not like this rank's own fault."""
     text = str(exc)
     return any(words in text for words in PEER_LOST)
-

@@ -111,10 +111,6 @@ class MpiComm(Comm):
             if send is not None and recv is not None and self._same_layout(x, out, x.shape[0] * self.size):
                 self._direct_call(x, "all_gather", None, "equal", self._c.Allgather, _bytes(send), _bytes(recv))
                 return self._even_pieces(out)
-        if not (equal or async_op or self._mon.active) and out is None:
-            send = _direct(x)
-            if send is not None:
-                return self._gather_plain(x, send, None)
         return super().all_gather(x, async_op, equal=equal, out=out)
 
     def gather(self, x, root=0, async_op=False, *, equal=False, out=None):
@@ -127,38 +123,7 @@ class MpiComm(Comm):
             if send is not None and recv is not None and self._same_layout(x, out, x.shape[0] * self.size):
                 self._direct_call(x, "gather", root, "equal", self._c.Gather, _bytes(send), _bytes(recv), root)
                 return self._even_pieces(out)
-        if not (equal or async_op or self._mon.active) and out is None and type(root) is int and 0 <= root < self.size:
-            send = _direct(x)
-            if send is not None:
-                return self._gather_plain(x, send, root)
         return super().gather(x, root, async_op, equal=equal, out=out)
-
-    def _gather_plain(self, x, send, root):
-        """gather (root given) or all_gather of a direct array, with descriptions exchanged.
-
-        The same steps as Comm's general path, so ranks on either path
-        agree: every rank gathers the description rows, then the data
-        with Gather/Allgather when all lengths are equal, else the hook's
-        v-form.
-        """
-        name = "all_gather" if root is None else "gather"
-        row, same = self._descs.row(x)
-        lengths = self._descs.lengths(x, self._allgather_ints(row), same, name)
-        if lengths.count(lengths[0]) != self.size:
-            if root is None:
-                return self._call(self._all_gather, (x, lengths, False, None), name, x)
-            return self._call(self._gather, (x, lengths, root, False, None), name, x, root)
-        if root is not None and self.rank != root:
-            self._direct_call(x, name, root, None, self._c.Gather, _bytes(send), None, root)
-            return None
-        shape = (x.shape[0] * self.size,) + tuple(x.shape[1:])
-        full = np.empty(shape, x.dtype) if type(x) is np.ndarray else x.new_empty(shape)
-        recv = [_raw(full), MPI.BYTE]
-        if root is None:
-            self._direct_call(x, name, None, None, self._c.Allgather, _bytes(send), recv)
-        else:
-            self._direct_call(x, name, root, None, self._c.Gather, _bytes(send), recv, root)
-        return self._even_pieces(full)
 
     def scatter(self, chunks=None, root=0, async_op=False, *, equal=False, out=None):
         if equal and out is not None and not async_op and not self._mon.active and type(root) is int and 0 <= root < self.size:
@@ -173,7 +138,7 @@ class MpiComm(Comm):
         return super().scatter(chunks, root, async_op, equal=equal, out=out)
 
     def _even_pieces(self, full):
-        """Cut full along dim 0 into one view per rank."""
+        """Cut full along dim 0 into one view per rank, all the same length."""
         if type(full) is np.ndarray:
             return list(full.reshape((self.size, full.shape[0] // self.size) + full.shape[1:]))
         return list(full.chunk(self.size))
@@ -344,12 +309,7 @@ class MpiComm(Comm):
 
     def _pieces(self, full, lengths, even):
         """Cut the gathered array into one view per rank."""
-        n = lengths[0]
-        if not even or not n:
-            return self._split(full, lengths)
-        if type(full) is np.ndarray:
-            return list(full.reshape((self.size, n) + full.shape[1:]))
-        return list(full.chunk(self.size))  # size views of n rows: one C call
+        return self._even_pieces(full) if even and lengths[0] else self._split(full, lengths)
 
     def _gather(self, x, lengths, root, async_op, out):
         even = lengths.count(lengths[0]) == self.size
