@@ -25,7 +25,6 @@ __all__ = [
     "BUSBW",
     "Layout",
     "Case",
-    "NotAvailable",
     "EQUAL_FORM",
     "impls_for",
     "build",
@@ -53,10 +52,6 @@ def _busbw_factor(collective, n):
 
 #: busbw = algbw * BUSBW(collective, ranks), as nccl-tests computes it.
 BUSBW = _busbw_factor
-
-
-class NotAvailable(Exception):
-    """This implementation has no way to do this collective."""
 
 
 @dataclass(frozen=True)
@@ -280,7 +275,7 @@ def _many(world, impl, layout, fill):
     base, coalesce = impl.split("+")[0], impl.endswith("+coalesce")
     xs = [_buf(_kind(base), n, np.full(n, rank + 1) if fill else None) for _ in range(layout.count)]
     mine = lambda: xs  # noqa: E731
-    if base == "mpi4py":
+    if base.startswith("mpi4py"):  # also mpi4py-torchbuf
         from mpi4py import MPI
 
         c = world.mpi
@@ -302,23 +297,16 @@ def _many(world, impl, layout, fill):
 def build(world, collective, impl, layout, fill=False):
     """Return the Case for collective on impl with layout's buffers.
 
-    Raises NotAvailable where the implementation has no such operation.
+    impl is one of ``impls_for(collective, ...)``, which leaves out what an
+    implementation cannot do (raw gloo's uneven scatter and gather).
     """
-    if impl.endswith("+coalesce") and collective != "all_reduce_many":
-        raise NotAvailable(impl)
-    if impl.endswith("+equal") and collective not in EQUAL_FORM:
-        raise NotAvailable(impl)
     if collective == "broadcast":
         return _broadcast(world, impl, layout, fill)
     if collective in ("reduce", "all_reduce"):
         return _reduction(world, impl, layout, fill, collective == "reduce")
     if collective in ("scatter", "scatter_uneven"):
-        if impl == "gloo" and collective == "scatter_uneven":
-            raise NotAvailable("torch.distributed.scatter needs chunks of equal size")
         return _scatter(world, impl, layout, fill, collective == "scatter")
     if collective in ("gather", "gather_uneven", "all_gather"):
-        if impl == "gloo" and collective == "gather_uneven":
-            raise NotAvailable("torch.distributed.gather needs chunks of equal size")
         return _gather(world, impl, layout, fill, collective == "all_gather", collective != "gather_uneven")
     if collective == "all_reduce_many":
         return _many(world, impl, layout, fill)

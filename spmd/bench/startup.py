@@ -21,6 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..launch import STRIPPED
+
 __all__ = ["scenarios", "measure", "startup_table", "find_mpirun"]
 
 # Each rank writes "<time> <torch imported>" to a file of its own: output lines could interleave.
@@ -83,11 +85,15 @@ def find_mpirun():
 
 
 def _clean_env(extra):
-    # PYTHONDONTWRITEBYTECODE too: without bytecode caches every launch compiles
-    # spmd from source (tens of ms per rank), which no installed package does.
+    """This process's environment without any launcher's or spmd's settings, plus extra.
+
+    PYTHONDONTWRITEBYTECODE goes too: without bytecode caches every launch
+    compiles spmd from source (tens of ms per rank), which no installed
+    package does.
+    """
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("SPMD_", "PMI_", "OMPI_", "PMIX_", "MV2_", "MPI_LOCALRANKID"))
-           and k != "PYTHONDONTWRITEBYTECODE"}
+           if k not in STRIPPED and k != "PYTHONDONTWRITEBYTECODE"
+           and not k.startswith(("SPMD_", "PMI_", "OMPI_", "PMIX_", "MV2_"))}
     env.update(extra)
     return env
 
@@ -116,15 +122,15 @@ def measure(ranks=8, repeats=5, script=None, mpirun=None, timeout=300, progress=
     mpirun = mpirun or find_mpirun()
     if mpirun is None:
         raise RuntimeError("mpirun not found: pip install mpich (or put an mpirun on PATH)")
-    cases = scenarios(script)
+    cases = [(name, code, _clean_env(extra)) for name, code, extra in scenarios(script)]
     runs = {name: [] for name, _, _ in cases}
     # A first launch of each at 2 ranks, untimed: imports compile and cache their
     # bytecode then (if the install is writable), as after any first run.
-    for name, code, extra in cases:
-        _launch(mpirun, min(ranks, 2), code, _clean_env(extra), timeout)
+    for name, code, env in cases:
+        _launch(mpirun, min(ranks, 2), code, env, timeout)
     for rep in range(repeats):
-        for name, code, extra in cases:
-            result = _launch(mpirun, ranks, code, _clean_env(extra), timeout)
+        for name, code, env in cases:
+            result = _launch(mpirun, ranks, code, env, timeout)
             runs[name].append(result)
             if progress:
                 progress(f"start-up {rep + 1}/{repeats} {name}: ready {result['ready_s']:.2f} s")

@@ -61,11 +61,6 @@ class World:
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return t.tolist()
 
-    def gather_object(self, obj):
-        """Return every rank's obj on rank 0, None elsewhere."""
-        comm = self.spmd_mpi or self.spmd_gloo
-        return comm.gather_object(obj, 0)
-
     def close(self):
         """End the gloo group (MPI ends at exit)."""
         if self.spmd_gloo is None:
@@ -118,14 +113,14 @@ def open_alone(backends=("mpi", "gloo"), threads=None):
     return World(placement, mpi, spmd_mpi, spmd_gloo, threads)
 
 
-def open_world(backends=("mpi", "gloo"), threads=None, environ=None):
+def open_world(backends=("mpi", "gloo"), threads=None):
     """Start the communicators under test for this launched process.
 
     backends: which of "mpi" and "gloo" to run; "mpi" needs an MPI
     launcher.  threads: torch's intra-op threads per rank (default:
     the cores divided by the ranks on this node).
     """
-    placement = detect(os.environ if environ is None else environ)
+    placement = detect(os.environ)
     if placement.size < 2:
         raise SpmdError(
             "spmd bench needs at least 2 ranks: start it under a launcher "

@@ -14,12 +14,12 @@ import traceback
 
 import click
 
+from ..bench.cases import COLLECTIVES, EXTRAS
 from ..errors import SpmdError
 
 __all__ = ["bench"]
 
-CHOICES = ("broadcast", "reduce", "all_reduce", "scatter", "gather", "all_gather",
-           "scatter_uneven", "gather_uneven", "all_reduce_many")
+CHOICES = COLLECTIVES + EXTRAS
 
 
 def _names(value, allowed, what):
