@@ -32,7 +32,6 @@ from torch import nn
 from spmd import comm, preempt
 from spmd.data_parallel import (
     DataParallel,
-    atomic_save,
     gather_metrics,
     load_checkpoint,
     save_checkpoint,
@@ -168,8 +167,10 @@ WARNED = bool(os.environ.get("SPMD_PREEMPT_SIGNAL"))
 def requeued(o):
     """Tell whether SLURM restarted this job and its checkpoint is there to resume from."""
     restarts = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
-    return bool(restarts and o.checkpoint and "{step}" not in o.checkpoint
-                and os.path.exists(o.checkpoint))
+    if not (restarts and o.checkpoint and "{step}" not in o.checkpoint):
+        return False
+    # Only rank 0 touches checkpoints (load_checkpoint): its answer goes to every rank.
+    return comm.broadcast_object(os.path.exists(o.checkpoint) if comm.rank == 0 else None)
 
 
 def start(o):
@@ -219,12 +220,11 @@ def train(o, model, optimizer, dp, first):
                 say(f"step {done:>5}/{o.steps}  loss {logged:.4f}  "
                     f"samples/s {sum(m['samples_per_s']):,.0f}")
             window_loss, window_steps, window_start = 0.0, 0, time.perf_counter()
-        if o.checkpoint and ((o.checkpoint_every and done % o.checkpoint_every == 0)
-                             or done == o.steps):
+        stop = WARNED and preempt.any_preempted(comm)  # every rank stops at the same step
+        if o.checkpoint and (stop or done == o.steps
+                             or (o.checkpoint_every and done % o.checkpoint_every == 0)):
             write_checkpoint(o, model, optimizer, done)
-        if WARNED and preempt.any_preempted(comm):  # every rank stops at the same step
-            if o.checkpoint:
-                write_checkpoint(o, model, optimizer, done)
+        if stop and done < o.steps:
             say(f"preempted after step {done}: stopping; a requeued run resumes from the checkpoint")
             sys.exit(0)
     return logged
@@ -241,8 +241,8 @@ def write_checkpoint(o, model, optimizer, done):
 
 def finish(o, model, first, loss, seconds):
     """Save the final parameters and fail unless they are the same on every rank."""
-    if o.save_final and comm.rank == 0:
-        atomic_save(model.state_dict(), o.save_final)
+    if o.save_final:
+        save_checkpoint(model.state_dict(), o.save_final)  # rank 0 writes
     sums = comm.gather_object(checksum(model))
     if comm.rank != 0:
         return
@@ -279,7 +279,7 @@ def finish(o, model, first, loss, seconds):
               help="Checkpoint file, written by rank 0; '{step}' in it becomes the step.")
 @click.option("--checkpoint-every", default=0, show_default=True, type=click.IntRange(min=0),
               help="Write the checkpoint every N steps (0: at the end only).")
-@click.option("--resume", type=click.Path(exists=True, dir_okay=False),
+@click.option("--resume", type=click.Path(dir_okay=False),
               help="Continue from this checkpoint (read by rank 0, sent to all).")
 @click.option("--save-final", type=click.Path(dir_okay=False),
               help="Rank 0 writes the final model state_dict here.")
@@ -303,6 +303,8 @@ def main(**options):
     except ValueError as exc:
         usage_error(str(exc))
     _set_threads()
+    if WARNED:
+        preempt.install()  # before the first step: the warning may come at any time
     model, optimizer, dp, first = start(o)
     n_params = sum(p.numel() for p in model.parameters())
     say(f"train_dp: {comm.size} rank{'s' * (comm.size > 1)} ({comm.backend}), "
