@@ -423,22 +423,27 @@ def pipeline(fn, source, *, output=None, chunk_rows=None, verify=False, progress
     bounds = [(a, min(a + chunk, rows)) for a in range(0, rows, chunk)] or [(0, 0)]
 
     rank_rows, rank_secs = [0] * comm.size, [0.0] * comm.size
-    for a, b in bounds:
-        parts = boss and boss.load(a, b)
-        _raise_pending(comm.broadcast_object(boss and boss.pending, root), root)
-        part = comm.scatter(parts, root)
-        lap("scatter")
-        out, status = _process(fn, part)
-        statuses = comm.all_gather_object(status)
-        lap("process")
-        _check_statuses(statuses, a, b, comm.size)
-        for r, s in enumerate(statuses):
-            rank_rows[r] += s.rows
-            rank_secs[r] += s.seconds
-        got = comm.gather(out, root)
-        lap("gather")
-        if boss:
-            boss.receive(a, b, statuses, got)
+    try:
+        for a, b in bounds:
+            parts = boss and boss.load(a, b)
+            _raise_pending(comm.broadcast_object(boss and boss.pending, root), root)
+            part = comm.scatter(parts, root)
+            lap("scatter")
+            out, status = _process(fn, part)
+            statuses = comm.all_gather_object(status)
+            lap("process")
+            _check_statuses(statuses, a, b, comm.size)
+            for r, s in enumerate(statuses):
+                rank_rows[r] += s.rows
+                rank_secs[r] += s.seconds
+            got = comm.gather(out, root)
+            lap("gather")
+            if boss:
+                boss.receive(a, b, statuses, got)
+    except BaseException:
+        if boss:  # a failed round: no half-written output left behind, no file left open
+            boss.sink.close(False, None)
+        raise
 
     written = boss and boss.close(rows)
     _raise_pending(comm.broadcast_object(boss and boss.pending, root), root)

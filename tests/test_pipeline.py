@@ -176,6 +176,17 @@ def test_errors_are_pipeline_errors_with_the_reason(table, tmp_path):
         pipeline(lambda b: b, tmp_path / "x.txt")
     with pytest.raises(PipelineError, match="must return a numpy array"):
         pipeline(lambda b: b.tolist(), table)
+    calls = []
+
+    def second_round_fails(block):
+        calls.append(1)
+        if len(calls) == 2:
+            raise ValueError("round two")
+        return block
+
+    with pytest.raises(PipelineError, match="round two"):
+        pipeline(second_round_fails, table, output=tmp_path / "o.npy", chunk_rows=1000)
+    assert not (tmp_path / "o.npy").exists()
 
     def fails():
         raise ValueError("nope")
