@@ -88,9 +88,12 @@ def _handler(signum, frame):
 def install(sig: str | int | None = None) -> int:
     """Install the handler (once) for sig (default SPMD_PREEMPT_SIGNAL or USR1); return its number.
 
-    Raise ValueError when called outside the main thread or for another signal
-    than the one already installed.
+    Without sig, an installed handler is kept, whatever its signal.  Raise
+    ValueError when called outside the main thread, or with a sig other than
+    the one already installed.
     """
+    if sig is None and _state["signum"] is not None:
+        return _state["signum"]  # already installed: whichever signal that was
     signum = signal_number(sig)
     with _lock:
         if _state["signum"] is not None:

@@ -11,7 +11,6 @@ import os
 import shlex
 import signal
 import stat
-import subprocess
 import sys
 import textwrap
 import time
@@ -19,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from conftest import finish, start
 
 from spmd import preempt
 from spmd.cli.submit import submit
@@ -180,8 +180,7 @@ def fake_slurm(tmp_path):
 def run_batch(tmp_path, env, options, **extra):
     path = tmp_path / "job.sbatch"
     path.write_text(render(make({**BASE, "chdir": str(tmp_path), **options})))
-    return subprocess.Popen(["bash", str(path)], env={**env, **extra}, cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return start(["bash", path], {**env, **extra}, cwd=tmp_path)  # its own session: killable
 
 
 @pytest.mark.timeout(30)
@@ -193,7 +192,7 @@ def test_batch_file_passes_values_intact_and_runs_none(fake_slurm):
     options = {"nodes": 2, "ntasks_per_node": 2, "backend": "gloo", "args": nasty,
                "env": {"MSG": msg}, "script": "dir with space/job's.py"}
     proc = run_batch(tmp_path, env, options)
-    out, _ = proc.communicate(timeout=20)
+    out = finish(proc, 20, "the batch file").stdout
     assert proc.returncode == 0, out
     record = json.loads((tmp_path / "out").read_text())
     assert record["argv"] == ["--kill-on-bad-exit=1", "/opt/venv/bin/python", "-m", "spmd",
@@ -210,7 +209,7 @@ def test_batch_file_refuses_a_world_it_did_not_ask_for(fake_slurm):
     tmp_path, env = fake_slurm
     proc = run_batch(tmp_path, env, {"nodes": 2, "ntasks_per_node": 2}, SLURM_NTASKS="3",
                      SLURM_TASKS_PER_NODE="2,1")
-    out, _ = proc.communicate(timeout=20)
+    out = finish(proc, 20, "the batch file").stdout
     assert proc.returncode == 2
     assert "expects 4 tasks on 2 nodes, 2 per node" in out and "SLURM_NTASKS=3" in out
     assert not (tmp_path / "out").exists()
@@ -227,7 +226,7 @@ def test_batch_file_forwards_the_preemption_signal_and_requeues(fake_slurm):
         time.sleep(0.05)
     time.sleep(0.3)  # the fake srun sets its handler first thing
     proc.send_signal(signal.SIGUSR1)
-    out, _ = proc.communicate(timeout=20)
+    out = finish(proc, 20, "the batch file").stdout
     assert proc.returncode == 0, out
     record = json.loads((tmp_path / "out").read_text())
     assert record["signals"] == [signal.SIGUSR1]
@@ -241,7 +240,7 @@ def test_batch_file_exits_with_the_launchers_code(fake_slurm):
     tmp_path, env = fake_slurm
     proc = run_batch(tmp_path, env, {"nodes": 2, "ntasks_per_node": 2, "signal_before": 60},
                      FAKE_EXIT="3")
-    proc.communicate(timeout=20)
+    finish(proc, 20, "the batch file")
     assert proc.returncode == 3
     assert not (tmp_path / "out.scontrol").exists()
 
@@ -471,7 +470,8 @@ def invoke(*args):
     return CliRunner().invoke(submit, list(args), catch_exceptions=False)
 
 
-def test_submission_prints_the_id_and_records_it(fake_sbatch):
+def test_submission_prints_the_id_and_records_it(fake_sbatch, monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["/venv/bin/spmd", "submit", "-n", "2", "job.py", "a b"])
     result = invoke("-n", "2", "job.py", "a b")
     assert result.exit_code == 0, result.output
     assert result.stdout.splitlines()[0] == "4242"
@@ -481,6 +481,7 @@ def test_submission_prints_the_id_and_records_it(fake_sbatch):
     record = json.loads(record_path.read_text())
     batch = Path(record["batch_file"])
     assert record["job_id"] == "4242" and record["cluster"] == "clusterA"
+    assert record["submit_command"] == ["spmd", "submit", "-n", "2", "job.py", "a b"]
     assert record["sbatch_command"] == ["sbatch", "--parsable", str(batch.relative_to(fake_sbatch))]
     import hashlib
     assert record["sha256"] == hashlib.sha256(batch.read_bytes()).hexdigest()
@@ -604,6 +605,15 @@ def test_preempt_signal_is_configurable(clean_preempt, monkeypatch):
     assert preempt.install() == signal.SIGUSR2
     with pytest.raises(ValueError, match="already handles"):
         preempt.install("USR1")
+    _signal_self(signal.SIGUSR2)
+    assert preempt.preempted()
+
+
+def test_an_explicit_signal_stays_for_later_calls(clean_preempt, monkeypatch):
+    monkeypatch.delenv("SPMD_PREEMPT_SIGNAL", raising=False)
+    assert preempt.install("USR2") == signal.SIGUSR2
+    assert preempt.install() == signal.SIGUSR2  # not the default USR1: no "already handles"
+    assert not preempt.preempted()
     _signal_self(signal.SIGUSR2)
     assert preempt.preempted()
 

@@ -164,7 +164,7 @@ def _submit(options, text, path, preflight, wait, tail_lines):
             raise SubmitError(f"sbatch --test-only rejects {path}; not submitted "
                               "(--no-preflight skips this check)")
     job_id, cluster, command = slurm.submit(path)
-    record = slurm.write_record(path, command, job_id, cluster, ["spmd", "submit", *sys.argv[1:]])
+    record = slurm.write_record(path, command, job_id, cluster, _submit_command())
     click.echo(job_id)
     slurm.say(f"submitted job {job_id}{' on ' + cluster if cluster else ''}: {path} "
               f"(record {record})")
@@ -179,3 +179,12 @@ def _submit(options, text, path, preflight, wait, tail_lines):
         if log and tail_lines > 0:
             click.echo(slurm.tail(log, tail_lines))
     return slurm.exit_status(records)
+
+
+def _submit_command():
+    """The command line as the user typed it, for the record."""
+    args = sys.argv[1:]
+    if args[:1] == ["submit"]:  # the spmd console script; bin/submit passes the options only
+        args = args[1:]
+    return ["spmd", "submit", *args]
+
