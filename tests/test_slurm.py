@@ -187,7 +187,7 @@ def test_unrepresentable_values_are_refused_before_sbatch(cluster, tmp_path):
     assert not (tmp_path / "logs").exists()  # no batch file written, nothing submitted
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(300)  # above bin/submit's 150 s, sbatch's 60 s and the job's wait
 def test_overridden_world_is_caught_and_sbatch_variables_reported(cluster, tmp_path):
     (tmp_path / "job.py").write_text("pass\n")
     env = env_for(cluster, SBATCH_NO_REQUEUE="1")
@@ -221,7 +221,7 @@ for step in range(3000):
 """
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(300)  # above the 120 s of both waits and bin/submit's 120 s
 def test_preemption_signal_runs_the_hook_and_requeues(cluster, tmp_path):
     (tmp_path / "preemptible.py").write_text(PREEMPTIBLE)
     proc = start([SUBMIT, "--wait", "--tail", "0", "-N", "2", "--ntasks-per-node", "1",
