@@ -1,6 +1,7 @@
 """Collectives over a torch.distributed process group (gloo or nccl)."""
 
 import time
+import weakref
 from datetime import timedelta
 
 import numpy as np
@@ -67,6 +68,8 @@ class TorchComm(Comm):
         # stream handling stays with torch.distributed's functions).
         self._pg = (group if group is not None else dist.group.WORLD) if backend == "gloo" else None
         self._roots = {}  # root -> (BroadcastOptions, ReduceOptions)
+        # Every communicator split from this world, released with it at finalize.
+        self._family = weakref.WeakSet([self])
 
     def _stuck_key(self, rank):
         tag = "world" if self._ranks is None else "-".join(map(str, self._ranks))
@@ -104,8 +107,18 @@ class TorchComm(Comm):
         return text
 
     def _close(self):
-        if self._group is None and dist.is_initialized():
+        if self._ranks is not None:
+            return  # a sub-communicator ends with its world
+        if dist.is_initialized():
             dist.destroy_process_group()
+        # destroy_process_group does not stop a group's worker threads while
+        # Python still holds the group: drop every reference, so they are
+        # joined now and not during interpreter teardown, where a thread that
+        # frees a tensor after the last collective aborts the process
+        # ("terminate called without an active exception").
+        for comm in list(self._family):
+            comm._group = comm._pg = comm._store = None
+            comm._roots = {}
 
     def _check_device(self, x, what):
         if self.backend != "nccl":
@@ -450,6 +463,8 @@ class TorchComm(Comm):
                     self.backend, self.placement, self.device, group, ranks, self.timeout,
                     self._mon.child(), self._store,
                 )
+                mine._family = self._family
+                self._family.add(mine)
         return mine
 
     def _global(self, rank):

@@ -6,10 +6,12 @@ sizes 1, 2, 4 and 8 on every backend.  Each rank prints one line:
 Usage: check_comm.py [--numpy-only]
 """
 
+import os
 import sys
 
 import numpy as np
 
+import spmd
 from spmd import CollectiveError, comm
 
 NUMPY_ONLY = "--numpy-only" in sys.argv
@@ -19,7 +21,7 @@ checks = 0
 def ok(cond, what):
     global checks
     if not cond:
-        raise AssertionError(f"rank {comm.rank}: {what}")
+        raise AssertionError(f"rank {r}: {what}")
     checks += 1
 
 
@@ -306,4 +308,19 @@ raises(lambda: comm.all_reduce([1, 2]), ["numpy.ndarray"], "list input")
 if n > 1:
     raises(lambda: comm.gather(np.zeros((1, r + 1))), ["same shape after dim 0"], "gather trailing shapes differ")
 comm.barrier()
-print(f"CHECKS OK {checks} rank {r} size {n} backend {comm.backend} launcher {comm.launcher}", flush=True)
+backend, launcher = comm.backend, comm.launcher
+
+
+def thread_names():
+    tasks = "/proc/self/task"
+    return [open(f"{tasks}/{t}/comm").read().strip() for t in os.listdir(tasks)]
+
+
+# finalize stops torch's gloo worker threads even while sub-communicators
+# (half, firsts) are still referenced: a worker that outlives it can free a
+# tensor during interpreter teardown and abort the process at exit.
+spmd.finalize()
+if os.path.isdir("/proc/self/task"):
+    left = [t for t in thread_names() if t.startswith("pt_gloo")]
+    ok(not left, f"no gloo worker thread after finalize, found {left}")
+print(f"CHECKS OK {checks} rank {r} size {n} backend {backend} launcher {launcher}", flush=True)
