@@ -312,8 +312,14 @@ backend, launcher = comm.backend, comm.launcher
 
 
 def thread_names():
-    tasks = "/proc/self/task"
-    return [open(f"{tasks}/{t}/comm").read().strip() for t in os.listdir(tasks)]
+    names = []
+    for t in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{t}/comm") as f:
+                names.append(f.read().strip())
+        except FileNotFoundError:  # a thread that ended meanwhile
+            pass
+    return names
 
 
 # finalize stops torch's gloo worker threads even while sub-communicators
