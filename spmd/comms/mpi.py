@@ -139,8 +139,9 @@ class MpiComm(Comm):
 
     def _even_pieces(self, full):
         """Cut full along dim 0 into one view per rank, all the same length."""
-        if type(full) is np.ndarray:
-            return list(full.reshape((self.size, full.shape[0] // self.size) + full.shape[1:]))
+        if type(full) is np.ndarray:  # slices: cheaper than a reshape into rows
+            k = full.shape[0] // self.size
+            return [full[i * k : (i + 1) * k] for i in range(self.size)]
         return list(full.chunk(self.size))
 
     def _direct_call(self, x, name, root, op, fn, *args):
