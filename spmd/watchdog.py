@@ -160,14 +160,18 @@ class MpiTimeout:
     """Abort the job when an MPI collective has waited past the timeout."""
 
     def __init__(self, comm, monitors):
-        self._comm = comm
+        # Not the communicator itself: this thread must never hold the last
+        # reference to it, or the communicator's tensors are freed on this
+        # thread, which aborts the process if that happens during interpreter
+        # teardown ("terminate called without an active exception").
+        self.rank, self.size, self.timeout = comm.rank, comm.size, comm.timeout
         self._monitors = monitors  # the world's monitor and its sub-communicators'
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="spmd-timeout", daemon=True)
         self._thread.start()
 
     def _run(self):
-        timeout = self._comm.timeout
+        timeout = self.timeout
         period = min(1.0, timeout / 4)
         since = {}
         while not self._stop.wait(period):
@@ -189,8 +193,8 @@ class MpiTimeout:
         from mpi4py import MPI
 
         sys.stderr.write(
-            f"### spmd: rank {self._comm.rank} of {self._comm.size}: {name} (call #{seq}) timed "
-            f"out after {self._comm.timeout:g} s waiting for the other ranks (mpi backend; which "
+            f"### spmd: rank {self.rank} of {self.size}: {name} (call #{seq}) timed "
+            f"out after {self.timeout:g} s waiting for the other ranks (mpi backend; which "
             f"ranks are missing cannot be known). Last collectives on this rank: {mon.recent()}. "
             "Ending the job.\n"
         )
@@ -199,6 +203,7 @@ class MpiTimeout:
 
     def close(self):
         self._stop.set()
+        self._thread.join(timeout=5.0)  # it wakes at once; ended before the interpreter
 
 
 def store_share(store, rank):

@@ -48,6 +48,27 @@ def test_ring_keeps_the_last_calls_cheaply():
     assert mon.recent().startswith("#3 all_reduce op=sum float32 (2, 3)")
 
 
+def test_the_timeout_watcher_never_owns_the_communicator():
+    """Its daemon thread must not free the communicator's tensors at interpreter teardown."""
+    import gc
+    import threading
+    import weakref
+
+    from spmd.watchdog import MpiTimeout
+
+    class Comm:  # what MpiTimeout reads
+        rank, size, timeout = 0, 2, 100.0
+
+    comm, freed = Comm(), []
+    weakref.finalize(comm, lambda: freed.append(threading.current_thread().name))
+    watcher = MpiTimeout(comm, [])
+    del comm
+    gc.collect()
+    assert freed == ["MainThread"]
+    watcher.close()
+    assert not watcher._thread.is_alive()
+
+
 def test_summary_uses_nccl_tests_bus_factors():
     events = [{"name": "all_reduce", "bytes": 1000, "dur": 1.0, "seq": 1, "ts": 0.0},
               {"name": "broadcast", "bytes": 1000, "dur": 1.0, "seq": 2, "ts": 0.0}]
