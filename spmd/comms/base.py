@@ -83,6 +83,13 @@ class Comm:
     def _close(self):
         """Release what the backend holds; the runtime calls this at finalize."""
 
+    def _mover(self, arrays):
+        """Return an object that packs arrays into a flat buffer and back in one call, or None.
+
+        None (here): the coalesced all_reduce copies array by array.
+        """
+        return None
+
     # -- every collective goes through here ---------------------------------------
 
     def _call(self, hook, args, name, x=None, root=None, op=None, async_op=False):

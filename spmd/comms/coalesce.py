@@ -91,9 +91,18 @@ def all_reduce_many(comm, xs, op, async_op):
     if not async_op:
         for group in groups.values():
             flat, views = _flat_views(comm, group, keep=True)
-            _copy(views, group)
-            comm.all_reduce(flat, op)
-            _copy(group, views)
+            mover = comm._mover(group)
+            if mover is None:
+                _copy(views, group)
+                comm.all_reduce(flat, op)
+                _copy(group, views)
+                continue
+            try:
+                mover.pack(flat)
+                comm.all_reduce(flat, op)
+                mover.unpack(flat)
+            finally:
+                mover.close()
         return xs
     flats = []  # fresh buffers: asynchronous calls may overlap
     for group in groups.values():

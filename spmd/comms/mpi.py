@@ -22,6 +22,7 @@ from .mpi_buffers import finish as _finish
 from .mpi_buffers import kept as _kept
 from .mpi_buffers import raw as _raw
 from .mpi_buffers import row_bytes as _row_bytes
+from .mpi_buffers import scattered as _scattered
 from .mpi_buffers import typed as _typed
 
 __all__ = ["MpiComm"]
@@ -153,6 +154,11 @@ class MpiComm(Comm):
         finally:
             mon.busy = 0
         return x
+
+    def _mover(self, arrays):
+        """Return a packer of these arrays into a flat buffer and back, or None (see coalesce)."""
+        datatype = _scattered(arrays)
+        return None if datatype is None else _Packer(datatype)
 
     # -- reductions and broadcast (general path) ---------------------------------
 
@@ -379,3 +385,24 @@ class MpiComm(Comm):
     def _split_comm(self, color, key):
         new = self._c.Split(MPI.UNDEFINED if color is None else color, key)
         return None if new == MPI.COMM_NULL else MpiComm(new, self.placement, self.timeout, self._mon.child())
+
+
+class _Packer:
+    """Copies arrays scattered in memory into a flat buffer and back, in C.
+
+    MPI moves the bytes (a send to this process itself over a datatype
+    that names each array's address): one call for 200 arrays where a
+    Python loop makes 200.  ``close()`` frees the datatype.
+    """
+
+    def __init__(self, datatype):
+        self._type = datatype
+
+    def pack(self, flat):
+        MPI.COMM_SELF.Sendrecv([MPI.BOTTOM, 1, self._type], 0, 0, [_raw(flat), MPI.BYTE], 0, 0)
+
+    def unpack(self, flat):
+        MPI.COMM_SELF.Sendrecv([_raw(flat), MPI.BYTE], 0, 0, [MPI.BOTTOM, 1, self._type], 0, 0)
+
+    def close(self):
+        self._type.Free()

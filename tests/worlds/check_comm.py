@@ -8,6 +8,7 @@ Usage: check_comm.py [--numpy-only]
 
 import os
 import sys
+import threading
 
 import numpy as np
 
@@ -201,6 +202,20 @@ ok(comm.all_reduce(tensors) is tensors, "coalesced all_reduce returns the list")
 for k in range(5):
     same(tensors[k], np.full((k + 1, 3), float(sum(q + k for q in R))), f"coalesced all_reduce float {k}")
 same(tensors[5], np.full(4, sum(R)), "coalesced all_reduce int64")
+# The mpi backend packs a list in one MPI call; lists it cannot pack (a member
+# twice, a strided member) take the copy loop: both must give the same sums.
+twice = np.full(3, r + 1.0)
+strided = np.full((4, 4), r + 1.0)[:, ::2]
+comm.all_reduce([twice, twice, strided])
+same(twice, [n * (n + 1) / 2] * 3, "coalesced all_reduce, one array twice")
+same(strided, np.full((4, 2), n * (n + 1) / 2), "coalesced all_reduce, strided member")
+if not NUMPY_ONLY:
+    import torch
+
+    ts = [torch.full((k + 1, 2), float(r + k)) for k in range(40)] + [torch.ones(0)]
+    comm.all_reduce(ts, op="max")
+    ok(all(torch.equal(t, torch.full((k + 1, 2), float(n - 1 + k))) for k, t in enumerate(ts[:40])),
+       "coalesced all_reduce of 40 tensors, max")
 h = comm.all_reduce([np.ones(3), np.ones(2, dtype=np.int32)], op="max", async_op=True)
 same(h.wait()[1], [1, 1], "async coalesced all_reduce")
 big = np.arange(100_000, dtype=np.float64) * (r + 1)
@@ -326,6 +341,9 @@ def thread_names():
 # (half, firsts) are still referenced: a worker that outlives it can free a
 # tensor during interpreter teardown and abort the process at exit.
 spmd.finalize()
+# The timeout watcher has ended too: a daemon thread left holding the
+# communicator frees its tensors during interpreter teardown, and aborts.
+ok(not [t for t in threading.enumerate() if t.name == "spmd-timeout"], "timeout thread ended at finalize")
 if os.path.isdir("/proc/self/task"):
     left = [t for t in thread_names() if t.startswith("pt_gloo")]
     ok(not left, f"no gloo worker thread after finalize, found {left}")
