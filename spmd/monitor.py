@@ -95,6 +95,7 @@ class Monitor:
     def __init__(self, debug=False, trace=None, nvtx=False):
         self.seq = 0
         self.busy = 0  # sequence number of the blocking collective in progress, else 0
+        self.pending = None  # fingerprint of the call whose descriptions are being exchanged
         self.ring = collections.deque(maxlen=8)
         self.debug = debug
         self.trace = trace  # path for the merged trace, or None
@@ -128,6 +129,16 @@ class Monitor:
             fp = (self.seq, name, root, op, x.dtype, x.shape, where)
         self.ring.append(fp)
         return fp
+
+    def upcoming(self, name, x=None, root=None):
+        """Return (and keep as pending) the fingerprint the next call will get, without counting it.
+
+        Scatter and the gathers exchange array descriptions before they are
+        counted; a timeout there is reported with this fingerprint.
+        """
+        shape = () if x is None else x.shape
+        self.pending = (self.seq + 1, name, root, None, getattr(x, "dtype", None), shape, None)
+        return self.pending
 
     def recent(self):
         """Describe the last collectives this rank called, oldest first."""

@@ -186,6 +186,9 @@ class MpiTimeout:
                     since[id(mon)] = (busy, now)
                 elif now - first[1] > timeout:
                     fp = next((f for f in reversed(mon.ring) if f[0] == busy), None)
+                    pending = mon.pending
+                    if fp is None and pending is not None and pending[0] == busy:
+                        fp = pending  # stuck in the description exchange that opens the call
                     name = fp[1] if fp else "a collective"
                     self._expire(mon, busy, name)
 

@@ -102,6 +102,15 @@ def test_ranks_calling_different_collectives_time_out_naming_the_call(launcher):
 @needs_mpirun
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_a_gather_whose_peer_never_comes_times_out_in_its_description_exchange(launcher):
+    # The exchange of array descriptions is the call's first wait (it hung
+    # for good on mpi before it was watched).
+    check(play(launcher, "stall"), SLOW, "all_gather (call #2) timed out after 6 s")
+
+
+@needs_mpirun
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("launcher", LAUNCHERS)
 def test_debug_mode_names_the_mismatch_on_the_spot(launcher):
     check(
         play(launcher, "mismatch", SPMD_DEBUG=1),

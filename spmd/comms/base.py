@@ -106,6 +106,23 @@ class Comm:
         finally:
             mon.busy = 0
 
+    def _describing(self, name, x, root, fn, *args):
+        """Run fn(*args), the description exchange that opens collective name, as part of it.
+
+        The exchange is the first wait of the call, so a rank whose peers
+        never come waits here: the timeout (the mpi watcher, or the torch
+        backend's own) must see it, and report it under the call's number.
+        """
+        mon = self._mon
+        fp = mon.upcoming(name, x, root)
+        mon.busy = fp[0]
+        try:
+            return fn(*args)
+        except RuntimeError as exc:
+            self._raise_timeout(exc, fp)
+        finally:
+            mon.busy, mon.pending = 0, None
+
     def _raise_timeout(self, exc, fp):
         """Re-raise a backend's RuntimeError, as a CollectiveTimeout when it says it timed out."""
         text = str(exc).lower()
@@ -204,9 +221,9 @@ class Comm:
                 header, error = meta.error_header(self.size), str(exc)
         else:
             header = self._header_buffer
-        self._broadcast_ints(header, root)
+        self._describing("scatter", None, root, self._broadcast_ints, header, root)
         if header[0]:
-            raise CollectiveError(self._broadcast_object(error, root))
+            raise CollectiveError(self._describing("scatter", None, root, self._broadcast_object, error, root))
         kind, dtype, trail, lengths = self._descs.header(header)
         if out is not None:
             self._check_out(out, kind, dtype, (lengths[self.rank],) + trail, "scatter")
@@ -262,7 +279,8 @@ class Comm:
             if same is None:
                 meta.check_rows([row], what)  # raises, naming what is wrong with x
             return [x.shape[0]] * self.size
-        return self._descs.lengths(x, self._allgather_ints(row), same, what)
+        rows = self._describing(what, x, None, self._allgather_ints, row)
+        return self._descs.lengths(x, rows, same, what)
 
     def _gather_out(self, x, lengths, out, what):
         if out is not None:

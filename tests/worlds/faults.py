@@ -35,6 +35,11 @@ elif scenario in ("mismatch", "mismatch-late"):
         if scenario == "mismatch-late":
             time.sleep(1.0)  # rank 0 times out first; gloo then closes rank 1's connection
         comm.all_reduce(x)
+elif scenario == "stall":  # rank 1 never comes: rank 0 waits in all_gather's description exchange
+    if r == 0:
+        comm.all_gather(x)
+    else:
+        time.sleep(60)
 elif scenario == "shapes":
     comm.all_reduce(np.ones(3 + r))
 elif scenario == "equal":  # equal=True promises one shape; debug mode checks the promise
