@@ -17,9 +17,9 @@ SCENARIOS = [
     ("a rank is SIGKILLed inside a collective", "sigkill", 3, {}),
     ("a rank never starts", "late", 2, {}),
     ("ranks call different collectives", "mismatch", 2, {}),
-    ("a peer never comes to an all_gather", "stall", 2, {}),
     ("... the same, in debug mode", "mismatch", 2, {"SPMD_DEBUG": 1}),
     ("all_reduce shapes differ, debug mode", "shapes", 2, {"SPMD_DEBUG": 1}),
+    ("a peer never comes to an all_gather", "stall", 2, {}),
 ]
 
 
