@@ -68,8 +68,37 @@ def _copy(dst, src):
         torch._foreach_copy_(dst, src)
 
 
+def _flat(comm, first, nbytes):
+    """Return a kept flat buffer of first's kind and dtype holding nbytes."""
+    key = (type(first), first.dtype, nbytes)
+    cache = comm.__dict__.setdefault("_flat_buffers", {})
+    buf = cache.get(key)
+    if buf is None:
+        if len(cache) >= 8:
+            cache.clear()
+        itemsize = first.itemsize if isinstance(first, np.ndarray) else first.element_size()
+        n = nbytes // itemsize
+        buf = cache[key] = np.empty(n, first.dtype) if isinstance(first, np.ndarray) else first.new_empty(n)
+    return buf
+
+
 def all_reduce_many(comm, xs, op, async_op):
     """Reduce every array of xs in place with one call per (kind, dtype, device)."""
+    if not async_op and xs:
+        # One kind and dtype on the CPU (the usual list of gradients): where the
+        # backend packs in one call, one pass over the list is all the Python.
+        mover = comm._mover(xs)
+        if mover is not None:
+            try:
+                comm._array(xs[0], "x[0]")
+                check_op(op, xs[0])
+                flat = _flat(comm, xs[0], mover.nbytes)
+                mover.pack(flat)
+                comm.all_reduce(flat, op)
+                mover.unpack(flat)
+            finally:
+                mover.close()
+            return xs
     groups, firsts = {}, {}
     torch = sys.modules.get("torch")
     tensor = torch.Tensor if torch is not None else np.ndarray
@@ -91,18 +120,9 @@ def all_reduce_many(comm, xs, op, async_op):
     if not async_op:
         for group in groups.values():
             flat, views = _flat_views(comm, group, keep=True)
-            mover = comm._mover(group)
-            if mover is None:
-                _copy(views, group)
-                comm.all_reduce(flat, op)
-                _copy(group, views)
-                continue
-            try:
-                mover.pack(flat)
-                comm.all_reduce(flat, op)
-                mover.unpack(flat)
-            finally:
-                mover.close()
+            _copy(views, group)
+            comm.all_reduce(flat, op)
+            _copy(group, views)
         return xs
     flats = []  # fresh buffers: asynchronous calls may overlap
     for group in groups.values():

@@ -157,8 +157,8 @@ class MpiComm(Comm):
 
     def _mover(self, arrays):
         """Return a packer of these arrays into a flat buffer and back, or None (see coalesce)."""
-        datatype = _scattered(arrays)
-        return None if datatype is None else _Packer(datatype)
+        found = _scattered(arrays)
+        return None if found is None else _Packer(*found)
 
     # -- reductions and broadcast (general path) ---------------------------------
 
@@ -395,8 +395,9 @@ class _Packer:
     Python loop makes 200.  ``close()`` frees the datatype.
     """
 
-    def __init__(self, datatype):
+    def __init__(self, datatype, nbytes):
         self._type = datatype
+        self.nbytes = nbytes  # of all the arrays together
 
     def pack(self, flat):
         MPI.COMM_SELF.Sendrecv([MPI.BOTTOM, 1, self._type], 0, 0, [_raw(flat), MPI.BYTE], 0, 0)

@@ -119,30 +119,37 @@ def displs(counts):
 
 
 def scattered(arrays):
-    """Return an MPI datatype over the bytes of these arrays where they lie, or None.
+    """Return (an MPI datatype over the bytes of these arrays where they lie, their bytes), or None.
 
     Used with ``MPI.BOTTOM`` to pack many arrays into one buffer and back in
     one C call each way (coalesced all_reduce): Python's per-array copies cost
-    about 1 us each.  None unless every array is a contiguous CPU numpy array
-    or tensor and no two overlap (MPI may not receive into overlapping blocks).
-    The caller frees the datatype.
+    about 1 us each.  None unless the arrays are all numpy arrays or all CPU
+    tensors, of one dtype, contiguous, and no two overlap (MPI may not receive
+    into overlapping blocks).  One pass over the list: it is the only one the
+    coalesced call makes.  The caller frees the datatype.
     """
+    first = arrays[0]
+    kind = type(first)
+    if kind is not np.ndarray and not is_tensor(first):
+        return None  # the general path names what is wrong
+    dtype = first.dtype
     addrs, sizes = [], []
-    for a in arrays:
-        if type(a) is np.ndarray:
-            if not a.flags.c_contiguous:
+    if kind is np.ndarray:
+        for a in arrays:
+            if type(a) is not kind or a.dtype != dtype or not a.flags.c_contiguous:
                 return None
-            addrs.append(a.__array_interface__["data"][0])
+            addrs.append(MPI.buffer(a).address)
             sizes.append(a.nbytes)
-        elif is_tensor(a) and a.is_cpu and a.is_contiguous():
+    else:
+        for a in arrays:
+            if type(a) is not kind or a.dtype is not dtype or not a.is_cpu or not a.is_contiguous():
+                return None
             addrs.append(a.data_ptr())
             sizes.append(a.nbytes)
-        else:
-            return None
     start = np.array(addrs, dtype=np.uint64)
     order = np.argsort(start, kind="stable")
     start = start[order]
     end = start + np.array(sizes, dtype=np.uint64)[order]
     if (start[1:] < end[:-1]).any():
         return None
-    return MPI.BYTE.Create_hindexed(sizes, addrs).Commit()
+    return MPI.BYTE.Create_hindexed(sizes, addrs).Commit(), sum(sizes)

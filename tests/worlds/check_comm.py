@@ -209,6 +209,9 @@ strided = np.full((4, 4), r + 1.0)[:, ::2]
 comm.all_reduce([twice, twice, strided])
 same(twice, [n * (n + 1) / 2] * 3, "coalesced all_reduce, one array twice")
 same(strided, np.full((4, 2), n * (n + 1) / 2), "coalesced all_reduce, strided member")
+arrays = [np.full((k + 1, 2), float(r + k)) for k in range(12)]  # one dtype: packed on mpi
+comm.all_reduce(arrays, op="min")
+ok(all(np.array_equal(a, np.full((k + 1, 2), float(k))) for k, a in enumerate(arrays)), "coalesced all_reduce, numpy, min")
 if not NUMPY_ONLY:
     import torch
 
