@@ -14,6 +14,8 @@ __all__ = ["init", "finalize", "initialized", "abort_job", "DEFAULT_TIMEOUT"]
 
 #: Seconds init and every collective may wait for the other ranks.
 DEFAULT_TIMEOUT = 1800.0
+#: Seconds a failing rank waits between writing its traceback and MPI_Abort.
+ABORT_GRACE = 0.25
 
 _lock = threading.RLock()
 _comm = None
@@ -245,6 +247,10 @@ def abort_job(code=1):
     if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
         sys.stdout.flush()
         sys.stderr.flush()
+        # MPICH's mpirun kills every rank as soon as it hears of the abort, and
+        # under load it has dropped output it had not yet forwarded, this
+        # rank's traceback included: give its forwarding a moment first.
+        time.sleep(ABORT_GRACE)
         mpi.COMM_WORLD.Abort(code)  # the launcher ends every rank, with this code
     for guard in _guards:
         if isinstance(guard, Hub):

@@ -335,7 +335,7 @@ def thread_names():
         try:
             with open(f"/proc/self/task/{t}/comm") as f:
                 names.append(f.read().strip())
-        except FileNotFoundError:  # a thread that ended meanwhile
+        except OSError:  # a thread that ended meanwhile (ENOENT or ESRCH)
             pass
     return names
 
