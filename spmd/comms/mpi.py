@@ -22,7 +22,7 @@ from .mpi_buffers import finish as _finish
 from .mpi_buffers import kept as _kept
 from .mpi_buffers import raw as _raw
 from .mpi_buffers import row_bytes as _row_bytes
-from .mpi_buffers import scattered as _scattered
+from .mpi_buffers import packer as _packer
 from .mpi_buffers import typed as _typed
 
 __all__ = ["MpiComm"]
@@ -157,8 +157,7 @@ class MpiComm(Comm):
 
     def _mover(self, arrays):
         """Return a packer of these arrays into a flat buffer and back, or None (see coalesce)."""
-        found = _scattered(arrays)
-        return None if found is None else _Packer(*found)
+        return _packer(arrays)
 
     # -- reductions and broadcast (general path) ---------------------------------
 
@@ -386,24 +385,3 @@ class MpiComm(Comm):
         new = self._c.Split(MPI.UNDEFINED if color is None else color, key)
         return None if new == MPI.COMM_NULL else MpiComm(new, self.placement, self.timeout, self._mon.child())
 
-
-class _Packer:
-    """Copies arrays scattered in memory into a flat buffer and back, in C.
-
-    MPI moves the bytes (a send to this process itself over a datatype
-    that names each array's address): one call for 200 arrays where a
-    Python loop makes 200.  ``close()`` frees the datatype.
-    """
-
-    def __init__(self, datatype, nbytes):
-        self._type = datatype
-        self.nbytes = nbytes  # of all the arrays together
-
-    def pack(self, flat):
-        MPI.COMM_SELF.Sendrecv([MPI.BOTTOM, 1, self._type], 0, 0, [_raw(flat), MPI.BYTE], 0, 0)
-
-    def unpack(self, flat):
-        MPI.COMM_SELF.Sendrecv([_raw(flat), MPI.BYTE], 0, 0, [MPI.BOTTOM, 1, self._type], 0, 0)
-
-    def close(self):
-        self._type.Free()
