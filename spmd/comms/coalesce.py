@@ -33,6 +33,22 @@ def _views(buf, shapes):
     return out
 
 
+def _kept(comm, key, make):
+    """Return make(), kept on the communicator under key (at most 8 kept)."""
+    cache = comm.__dict__.setdefault("_flat_buffers", {})
+    hit = cache.get(key)
+    if hit is None:
+        if len(cache) >= 8:
+            cache.clear()
+        hit = cache[key] = make()
+    return hit
+
+
+def _new_flat(first, numel):
+    """Return an empty 1-d buffer of numel items of first's kind and dtype."""
+    return np.empty(numel, first.dtype) if isinstance(first, np.ndarray) else first.new_empty(numel)
+
+
 def _flat_views(comm, group, keep):
     """Return (a flat buffer holding the group, views of it shaped like each array).
 
@@ -42,18 +58,15 @@ def _flat_views(comm, group, keep):
     """
     first = group[0]
     shapes = tuple(x.shape for x in group)
-    key = (type(first), first.dtype, getattr(first, "device", None), shapes)
-    cache = comm.__dict__.setdefault("_flat_buffers", {})
-    hit = cache.get(key) if keep else None
-    if hit is None:
+
+    def make():
         numel = sum(x.size if isinstance(x, np.ndarray) else x.numel() for x in group)
-        buf = np.empty(numel, first.dtype) if isinstance(first, np.ndarray) else first.new_empty(numel)
-        hit = (buf, _views(buf, shapes))
-        if keep:
-            if len(cache) >= 8:
-                cache.clear()
-            cache[key] = hit
-    return hit
+        buf = _new_flat(first, numel)
+        return buf, _views(buf, shapes)
+
+    if not keep:
+        return make()
+    return _kept(comm, (type(first), first.dtype, getattr(first, "device", None), shapes), make)
 
 
 def _copy(dst, src):
@@ -70,16 +83,8 @@ def _copy(dst, src):
 
 def _flat(comm, first, nbytes):
     """Return a kept flat buffer of first's kind and dtype holding nbytes."""
-    key = (type(first), first.dtype, nbytes)
-    cache = comm.__dict__.setdefault("_flat_buffers", {})
-    buf = cache.get(key)
-    if buf is None:
-        if len(cache) >= 8:
-            cache.clear()
-        itemsize = first.itemsize if isinstance(first, np.ndarray) else first.element_size()
-        n = nbytes // itemsize
-        buf = cache[key] = np.empty(n, first.dtype) if isinstance(first, np.ndarray) else first.new_empty(n)
-    return buf
+    itemsize = first.itemsize if isinstance(first, np.ndarray) else first.element_size()
+    return _kept(comm, (type(first), first.dtype, nbytes), lambda: _new_flat(first, nbytes // itemsize))
 
 
 def all_reduce_many(comm, xs, op, async_op):
