@@ -140,6 +140,14 @@ class Monitor:
         self.pending = (self.seq + 1, name, root, None, getattr(x, "dtype", None), shape, None)
         return self.pending
 
+    def find(self, seq):
+        """Return the fingerprint of call seq if still kept (counted, or in its description exchange), else None."""
+        fp = next((f for f in reversed(self.ring) if f[0] == seq), None)
+        pending = self.pending
+        if fp is None and pending is not None and pending[0] == seq:
+            fp = pending
+        return fp
+
     def recent(self):
         """Describe the last collectives this rank called, oldest first."""
         return "; ".join(_describe(fp) for fp in self.ring) or "none"

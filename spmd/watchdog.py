@@ -185,10 +185,7 @@ class MpiTimeout:
                 if first is None or first[0] != busy:
                     since[id(mon)] = (busy, now)
                 elif now - first[1] > timeout:
-                    fp = next((f for f in reversed(mon.ring) if f[0] == busy), None)
-                    pending = mon.pending
-                    if fp is None and pending is not None and pending[0] == busy:
-                        fp = pending  # stuck in the description exchange that opens the call
+                    fp = mon.find(busy)
                     name = fp[1] if fp else "a collective"
                     self._expire(mon, busy, name)
 
