@@ -246,10 +246,10 @@ class TorchComm(Comm):
     # gloo the process group is called directly, as in the fast paths.
 
     def _scatter(self, parts, whole, header, root, async_op):
-        lengths, trail, kind, given = header["lengths"], header["trail"], header["kind"], header["out"]
-        top, mine = max(lengths), lengths[self.rank]
         if self.backend == "gloo":
             return self._scatter_p2p(parts, whole, header, root, async_op)
+        lengths, trail, kind, given = header["lengths"], header["trail"], header["kind"], header["out"]
+        top, mine = max(lengths), lengths[self.rank]
         if given is not None and mine == top:
             buf = _tensor(given)[0]  # receive into out itself
         else:
@@ -353,9 +353,9 @@ class TorchComm(Comm):
         return pieces
 
     def _gather(self, x, lengths, root, async_op, out):
-        top = max(lengths)
         if self.backend == "gloo":
             return self._gather_p2p(x, lengths, root, out, async_op)
+        top = max(lengths)
         if top == 0:  # nothing to move
             if self.rank != root:
                 return self._done(None, async_op)
