@@ -227,6 +227,7 @@ def test_preemption_signal_runs_the_hook_and_requeues(cluster, tmp_path):
     proc = start([SUBMIT, "--wait", "--tail", "0", "-N", "2", "--ntasks-per-node", "1",
                   "--backend", "mpi", "-t", "10", "--signal-before", "60", "--requeue",
                   "preemptible.py"], env_for(cluster), cwd=tmp_path)
+
     def state(job_id):  # what the failure message shows: the job and its log so far
         log = tmp_path / "logs" / f"preemptible-{job_id}.out"
         return show_job(cluster, job_id) + "\n--- job log ---\n" + (
