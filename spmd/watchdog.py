@@ -190,7 +190,7 @@ class MpiTimeout:
                     self._expire(mon, busy, name)
 
     def _expire(self, mon, seq, name):
-        from mpi4py import MPI
+        from .runtime import abort_job
 
         sys.stderr.write(
             f"### spmd: rank {self.rank} of {self.size}: {name} (call #{seq}) timed "
@@ -199,7 +199,7 @@ class MpiTimeout:
             "Ending the job.\n"
         )
         sys.stderr.flush()
-        MPI.COMM_WORLD.Abort(1)
+        abort_job(1)  # MPI_Abort, once mpirun has had a moment to forward this
 
     def close(self):
         self._stop.set()
