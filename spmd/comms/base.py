@@ -86,7 +86,7 @@ class Comm:
     def _mover(self, arrays):
         """Return an object that packs arrays into a flat buffer and back in one call, or None.
 
-        It has ``pack(flat)``, ``unpack(flat)``, ``close()`` and ``nbytes``;
+        It has ``pack(flat)``, ``unpack(flat)`` and ``nbytes``;
         the arrays are all of one kind and dtype, on the CPU.  None (here):
         the coalesced all_reduce groups the arrays and copies them one by one.
         """

@@ -94,15 +94,12 @@ def all_reduce_many(comm, xs, op, async_op):
         # backend packs in one call, one pass over the list is all the Python.
         mover = comm._mover(xs)
         if mover is not None:
-            try:
-                comm._array(xs[0], "x[0]")
-                check_op(op, xs[0])
-                flat = _flat(comm, xs[0], mover.nbytes)
-                mover.pack(flat)
-                comm.all_reduce(flat, op)
-                mover.unpack(flat)
-            finally:
-                mover.close()
+            comm._array(xs[0], "x[0]")
+            check_op(op, xs[0])
+            flat = _flat(comm, xs[0], mover.nbytes)
+            mover.pack(flat)
+            comm.all_reduce(flat, op)
+            mover.unpack(flat)
             return xs
     groups, firsts = {}, {}
     torch = sys.modules.get("torch")

@@ -147,13 +147,45 @@ def packer(arrays):
                 return None
             addrs.append(a.data_ptr())
             sizes.append(a.nbytes)
+    key = (*addrs, *sizes)
+    layout = _LAYOUTS.get(key)
+    if layout is None:
+        layout = _LAYOUTS[key] = _layout(addrs, sizes)
+    return None if layout is False else Packer(*layout)
+
+
+class _Layouts(dict):
+    """Committed datatypes per (addresses, sizes): a training loop reduces the same arrays every step.
+
+    A datatype names memory by address, so one made for these addresses
+    and sizes is the one that would be made again, whatever arrays live
+    there now.  Kept up to LIMIT layouts; beyond, they are freed and the
+    cache starts over (nothing uses them between calls).
+    """
+
+    LIMIT = 16
+
+    def __setitem__(self, key, layout):
+        if len(self) >= self.LIMIT:
+            for old in self.values():
+                if old is not False and not MPI.Is_finalized():
+                    old[0].Free()
+            self.clear()
+        super().__setitem__(key, layout)
+
+
+_LAYOUTS = _Layouts()
+
+
+def _layout(addrs, sizes):
+    """Return (datatype over these blocks, their bytes), or False when two blocks overlap."""
     start = np.array(addrs, dtype=np.uint64)
     order = np.argsort(start, kind="stable")
     start = start[order]
     end = start + np.array(sizes, dtype=np.uint64)[order]
     if (start[1:] < end[:-1]).any():
-        return None
-    return Packer(MPI.BYTE.Create_hindexed(sizes, addrs).Commit(), sum(sizes))
+        return False
+    return MPI.BYTE.Create_hindexed(sizes, addrs).Commit(), sum(sizes)
 
 
 class Packer:
@@ -162,7 +194,7 @@ class Packer:
     MPI moves the bytes (a send to this process itself over a datatype
     that names each array's address, from ``MPI.BOTTOM``): one call for
     200 arrays where a Python loop makes 200, at about 1 us each.
-    ``close()`` frees the datatype.
+    The datatype is kept for the next call with the same layout.
     """
 
     def __init__(self, datatype, nbytes):
@@ -174,6 +206,3 @@ class Packer:
 
     def unpack(self, flat):
         MPI.COMM_SELF.Sendrecv([raw(flat), MPI.BYTE], 0, 0, [MPI.BOTTOM, 1, self._type], 0, 0)
-
-    def close(self):
-        self._type.Free()

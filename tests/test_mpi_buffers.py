@@ -1,0 +1,57 @@
+"""The mpi backend's packer: which lists it takes, what it moves, and its kept datatypes.
+
+MPI runs in a child process (a singleton world of one), so this test
+process never initialises MPI itself.
+"""
+
+from conftest import PY, run
+
+CHECK = r"""
+import numpy as np, torch
+from mpi4py import MPI
+from spmd.comms import mpi_buffers as mb
+
+a, b = np.arange(6.0), np.arange(4.0) + 10
+base = np.zeros(10)
+# refused: MPI may not receive into overlapping blocks, nor read a strided one
+assert mb.packer([a, a]) is None, "one array twice"
+assert mb.packer([base[:6], base[4:]]) is None, "overlapping views"
+assert mb.packer([a, np.zeros((4, 4))[:, ::2]]) is None, "strided member"
+assert mb.packer([a, b.astype(np.float32)]) is None, "mixed dtypes"
+assert mb.packer([a, torch.zeros(3, dtype=torch.float64)]) is None, "numpy and torch"
+assert mb.packer([torch.zeros(4), torch.zeros(4, 2).t()]) is None, "transposed tensor"
+# adjacent views of one buffer do not overlap
+assert mb.packer([base[:5], base[5:]]) is not None, "adjacent views"
+
+# pack and unpack move every byte, in list order
+p = mb.packer([a, b])
+assert p.nbytes == a.nbytes + b.nbytes
+flat = np.empty(10)
+p.pack(flat)
+assert flat.tolist() == a.tolist() + b.tolist(), flat
+p.unpack(flat[::-1].copy())
+assert a.tolist() == [13.0, 12.0, 11.0, 10.0, 5.0, 4.0] and b.tolist() == [3.0, 2.0, 1.0, 0.0], (a, b)
+ts = [torch.full((3,), float(i)) for i in range(5)] + [torch.empty(0)]
+tp = mb.packer(ts)
+tflat = torch.empty(15)
+tp.pack(tflat)
+assert tflat.tolist() == [float(i) for i in range(5) for _ in range(3)], tflat
+tp.unpack(torch.arange(15.0))
+assert [t.tolist() for t in ts[:5]] == [[3.0 * i, 3.0 * i + 1, 3.0 * i + 2] for i in range(5)]
+
+# a second call on the same layout reuses the committed datatype; so does a
+# new list whose arrays sit at the same addresses with the same sizes
+assert mb.packer([a, b])._type == p._type
+assert mb.packer([a[:], b[:]])._type == p._type
+assert mb.packer([b, a])._type != p._type  # another order, another layout
+# beyond LIMIT layouts the kept ones are freed and the cache starts over
+kept = [mb.packer([np.empty(i + 1)])._type for i in range(mb._LAYOUTS.LIMIT + 1)]
+assert len(mb._LAYOUTS) <= mb._LAYOUTS.LIMIT
+assert kept[0] == MPI.DATATYPE_NULL, "an evicted datatype was not freed"
+print("PACKER OK")
+"""
+
+
+def test_the_packer_refuses_overlap_and_strides_moves_bytes_and_keeps_layouts():
+    result = run([PY, "-c", CHECK], timeout=60, what="packer checks")
+    assert "PACKER OK" in result.stdout, result.stdout
