@@ -178,8 +178,10 @@ def _in_world(settings, opts):
         info = meta(world, settings, started, load_start=load, thp_env_start=thp)
     except BaseException:
         if world.size > 1 and world.mpi is not None:  # peers may wait forever: end the job
+            from ..runtime import abort_job
+
             traceback.print_exc()
-            world.mpi.Abort(1)
+            abort_job(1)  # as a failing rank of any spmd job: flush, a moment, MPI_Abort
         raise
     world.close()
     if not lead:
