@@ -24,12 +24,12 @@ other jobs on the machine barely disturb.
 
 import gc
 import math
-import re
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..units import format_size, parse_size
 from .cases import BUSBW, COLLECTIVES, EXTRAS, Layout, build, check, impls_for
 
 __all__ = [
@@ -45,27 +45,6 @@ __all__ = [
 BLOCK_S = 0.002  # a sample's length when calls are short
 WARMUP_S = 0.01
 MIN_SAMPLES, MAX_SAMPLES, MAX_CALLS = 2, 200, 100_000
-_UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20,
-          "MB": 1 << 20, "MIB": 1 << 20, "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30}
-
-
-def parse_size(text):
-    """Return the bytes in '8', '4K', '1MiB', '256M' (binary units)."""
-    m = re.fullmatch(r"\s*(\d+)\s*([A-Za-z]*)\s*", str(text))
-    unit = m and m.group(2).upper()
-    if not m or unit not in _UNITS:
-        raise ValueError(f"not a size: {text!r}; write bytes, or a number with K, M or G (binary)")
-    return int(m.group(1)) * _UNITS[unit]
-
-
-def format_size(n):
-    """Return n bytes as '8 B', '4 KiB', '256 MiB'."""
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= scale and n % scale == 0:
-            return f"{n // scale} {unit}"
-    return f"{n} B"
-
-
 def default_sizes(min_size=8, max_size=256 << 20, factor=4):
     """Return min_size, the powers of factor above it up to max_size, and max_size.
 
