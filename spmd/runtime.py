@@ -203,6 +203,9 @@ def init(backend=None, timeout=None, debug=None, trace=None):
             # asked; without them MPI moves them up to 1.7x slower than numpy's.
             # Read at torch's first large allocation, so this is early enough.
             os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
+            from .comms.results import POOL
+
+            POOL.configure(os.environ)  # a bad SPMD_KEEP_RESULTS fails here, on every rank
             _comm, _guards = _start(backend, timeout, debug, trace, os.environ)
             if _comm.size > 1:
                 _install_excepthook()
@@ -284,6 +287,9 @@ def finalize():
             for guard in guards:
                 guard.close()
             comm._close()
+            from .comms.results import POOL
+
+            POOL.clear()
 
 
 def _report_trace(comm):

@@ -24,6 +24,7 @@ from .mpi_buffers import raw as _raw
 from .mpi_buffers import row_bytes as _row_bytes
 from .mpi_buffers import packer as _packer
 from .mpi_buffers import typed as _typed
+from .results import POOL as _POOL
 
 __all__ = ["MpiComm"]
 
@@ -39,6 +40,25 @@ PIECE = 16 << 20
 _FAST_OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX}  # no "avg"
 _OPS = dict(_FAST_OPS, avg=MPI.SUM)
 _BOOL_OPS = {"sum": MPI.LOR, "prod": MPI.LAND, "min": MPI.LAND, "max": MPI.LOR}
+
+
+def _items(shape):
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _new(kind, dtype, shape):
+    if kind == "numpy":
+        return np.empty(shape, dtype=dtype)
+    import torch
+
+    return torch.empty(shape, dtype=getattr(torch, dtype))
+
+
+def _new_like(c, shape):
+    return np.empty(shape, c.dtype) if type(c) is np.ndarray else c.new_empty(shape)
 
 
 class MpiComm(Comm):
@@ -61,11 +81,8 @@ class MpiComm(Comm):
         return finish()
 
     def _empty(self, kind, dtype, shape):
-        if kind == "numpy":
-            return np.empty(shape, dtype=dtype)
-        import torch
-
-        return torch.empty(shape, dtype=getattr(torch, dtype))
+        """Return a result array: a dropped one of this kind, dtype and shape, or a new one."""
+        return _POOL.empty((kind, dtype, shape), _items(shape), _new, kind, dtype, shape)
 
     # -- fast paths ------------------------------------------------------------
     # A blocking broadcast, reduce or all_reduce of one contiguous CPU array of
@@ -303,7 +320,7 @@ class MpiComm(Comm):
         shape = (sum(lengths),) + trail
         full = out
         if full is None:
-            full = np.empty(shape, c.dtype) if type(c) is np.ndarray else c.new_empty(shape)
+            full = _POOL.empty((type(c), c.dtype, shape), _items(shape), _new_like, c, shape)
         even = lengths.count(lengths[0]) == self.size
         if even:
             recv = [_raw(full), MPI.BYTE]

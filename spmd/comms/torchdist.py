@@ -12,6 +12,7 @@ from torch.distributed.distributed_c10d import AllgatherOptions
 from ..errors import CollectiveError
 from .arrays import contiguous
 from .base import Comm, Done, Handle
+from .results import POOL
 
 __all__ = ["TorchComm"]
 
@@ -139,9 +140,8 @@ class TorchComm(Comm):
         return Done(result) if async_op else result
 
     def _empty(self, kind, dtype, shape):
-        if kind == "numpy":
-            return torch.from_numpy(np.empty(shape, dtype=dtype))
-        return torch.empty(shape, dtype=getattr(torch, dtype), device=self.device)
+        """Return a result tensor: a dropped one of this kind, dtype and shape, or a new one."""
+        return POOL.empty((kind, dtype, shape, self.device), _items(shape), _new, kind, dtype, shape, self.device)
 
     # -- fast paths ------------------------------------------------------------
     # A blocking broadcast, reduce or all_reduce of one contiguous CPU tensor
@@ -305,7 +305,7 @@ class TorchComm(Comm):
         if self.rank != root:
             works = [dist.isend(t, group=self._group, group_dst=root, tag=_P2P_TAG)] if lengths[self.rank] else []
             return self._after(works, lambda: None, async_op)
-        full = _tensor(out)[0] if out is not None else t.new_empty((sum(lengths),) + tuple(t.shape[1:]))
+        full = _tensor(out)[0] if out is not None else _new_like(t, (sum(lengths),) + tuple(t.shape[1:]))
         pieces = self._split(full, lengths)
         works = []
         for i, piece in enumerate(pieces):
@@ -339,7 +339,7 @@ class TorchComm(Comm):
         if out is not None and lengths.count(send.shape[0]) == self.size:
             full = _tensor(out)[0]
         else:
-            full = send.new_empty((self.size * send.shape[0],) + tuple(send.shape[1:]))
+            full = _new_like(send, (self.size * send.shape[0],) + tuple(send.shape[1:]))
         return list(full.chunk(self.size))
 
     def _results(self, recv, lengths, x, top, out):
@@ -469,6 +469,24 @@ class TorchComm(Comm):
 
     def _global(self, rank):
         return rank if self._ranks is None else self._ranks[rank]
+
+
+def _items(shape):
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _new(kind, dtype, shape, device):
+    if kind == "numpy":
+        return torch.from_numpy(np.empty(shape, dtype=dtype))
+    return torch.empty(shape, dtype=getattr(torch, dtype), device=device)
+
+
+def _new_like(t, shape):
+    """Return a result tensor like t of this shape: a dropped one, or a new one."""
+    return POOL.empty((t.dtype, t.device, shape), _items(shape), t.new_empty, shape)
 
 
 def _as_kind(t, kind):

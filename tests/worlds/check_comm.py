@@ -249,6 +249,32 @@ if comm.backend == "mpi":  # large blocking allreduces run in pieces; make piece
     finally:
         mpi_backend.PIECE = saved
 
+# -- large results are reused once dropped, never while held -----------------------
+from spmd.comms.results import MIN_ITEMS, POOL  # noqa: E402
+
+rows = MIN_ITEMS // 4 + 1  # each rank's (rows, 4): past the size the pool keeps
+for kind in ["numpy"] + ([] if NUMPY_ONLY else ["torch"]):
+    full = (lambda v: np.full((rows, 4), v)) if kind == "numpy" else (lambda v: torch.full((rows, 4), v))
+    held = comm.all_gather(full(float(r)))  # kept by the pool, and held here
+    # A view alone keeps the whole buffer; a detached one shares only the storage.
+    view = held[-1][:1] if kind == "numpy" else held[-1].detach()[:1]
+    del held
+    for step in range(3):  # each step drops the last result as it assigns the next
+        got = comm.all_gather(full(float(10 * step + r)))
+        same(np.stack([as_np(g)[[0, -1]] for g in got]), [[[10.0 * step + k] * 4] * 2 for k in R],
+             f"all_gather, result reused ({kind}, step {step})")
+        same(view, [[float(n - 1)] * 4], f"a view of an earlier result stays as it was ({kind}, step {step})")
+        mine = comm.scatter([full(float(k + step)) for k in R] if r == 0 else None)
+        same(as_np(mine)[[0, -1]], [[float(r + step)] * 4] * 2, f"scatter, result reused ({kind}, step {step})")
+        parts = comm.gather(full(float(r + step)), root=n - 1)
+        if r == n - 1:
+            same([as_np(p)[0, 0] for p in parts], [float(k + step) for k in R], f"gather, result reused ({kind})")
+    again = comm.all_gather(full(-1.0))
+    ok(all(as_np(g)[0, 0] == -1.0 for g in again) and as_np(got[0])[0, 0] == 20.0,
+       f"a held result is never handed out again ({kind})")
+    del got, again, parts, mine, view
+ok(comm.backend == "serial" or 0 < POOL.nbytes <= POOL.limit, f"the pool keeps results within its limit ({POOL.nbytes} bytes)")
+
 # -- objects -------------------------------------------------------------
 ok(comm.broadcast_object({"a": [1, 2]} if r == 0 else None) == {"a": [1, 2]}, "broadcast_object")
 g = comm.gather_object(("rank", r), root=0)
