@@ -90,3 +90,23 @@ def test_the_limit_comes_from_spmd_keep_results():
     assert 0 < limit_from({}) <= 1 << 30
     with pytest.raises(ValueError, match=r"SPMD_KEEP_RESULTS='lots' is not a size.*512M.*or 0"):
         limit_from({"SPMD_KEEP_RESULTS": "lots"})
+
+
+def test_a_result_changed_in_place_before_it_was_dropped_is_never_handed_out():
+    pool = Results(limit=1 << 30)
+    a = numpy_result(pool)
+    kept = id(a)
+    a.shape = (N // 2, 2)  # numpy's in-place reshape
+    del a
+    again = numpy_result(pool)
+    assert id(again) != kept and again.shape == (N,)
+    key = ("torch", torch.float32, (N,))
+    for change in (lambda t: t.resize_(N // 2), lambda t: t.unsqueeze_(0), lambda t: t.requires_grad_(),
+                   lambda t: t.set_(torch.empty(N).untyped_storage())):
+        t = pool.empty(key, N, torch.empty, N)
+        change(t)
+        kept = id(t)
+        del t
+        again = pool.empty(key, N, torch.empty, N)
+        assert id(again) != kept and again.shape == (N,) and not again.requires_grad
+        del again

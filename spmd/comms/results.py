@@ -13,9 +13,13 @@ refers to it:
 - a torch tensor: its reference count, and its storage's use count
   (every view holds the storage).
 
-Memory reached only through a raw address (``data_ptr()``,
-``ctypes.data``) is not counted; using such an address after dropping
-every array that owns the memory was already undefined.  Small results
+A buffer the program changed in place before dropping it (its shape,
+strides, dtype or storage; a tensor made to require grad) is let go,
+never handed out.  Memory reached only through a raw address
+(``data_ptr()``, ``ctypes.data``) is not counted; using such an address
+after dropping every array that owns the memory was already undefined.
+While the pool holds a result, numpy's ``ndarray.resize`` (which checks
+references) refuses it: use ``numpy.resize``, or ``SPMD_KEEP_RESULTS=0``.  Small results
 are not kept (malloc reuses warm memory for them), nor more than
 ``PER_SHAPE`` per kind, dtype and shape, nor more than the limit in all:
 ``SPMD_KEEP_RESULTS`` bytes (``0`` turns the pool off; default 1 GiB, at
@@ -77,7 +81,7 @@ class Results:
 
     def __init__(self, limit=None):
         self._limit = limit  # None: read SPMD_KEEP_RESULTS at first use
-        self._kept = {}  # key -> [[buffer, storage use count when alone, bytes], ...]
+        self._kept = {}  # key -> [[buffer, storage use count when alone, bytes, signature], ...]
         self._bytes = 0
 
     @property
@@ -100,9 +104,18 @@ class Results:
             return make(*args)
         kept = self._kept.get(key)
         if kept is not None:
-            for i in range(len(kept)):
+            i = 0
+            while i < len(kept):
                 if _count(kept, i) == _ALONE and self._alone(kept[i]):
-                    return kept[i][0]
+                    entry = kept[i]
+                    if _signature(entry[0]) == entry[3]:
+                        return entry[0]
+                    # The program changed it in place before dropping it
+                    # (shape, dtype, storage, requires_grad): never hand it out.
+                    self._bytes -= entry[2]
+                    del kept[i]
+                    continue
+                i += 1
         buf = make(*args)
         if self.limit > 0:
             self._keep(key, kept, buf)
@@ -132,7 +145,7 @@ class Results:
             self._release(self._bytes + nbytes - self.limit)
             if self._bytes + nbytes > self.limit:
                 return
-        kept.append([buf, alone, nbytes])
+        kept.append([buf, alone, nbytes, _signature(buf)])
         self._bytes += nbytes
 
     def _release(self, need):
@@ -160,6 +173,13 @@ class Results:
     def nbytes(self):
         """Bytes of the buffers kept (dropped or still held by the program)."""
         return self._bytes
+
+
+def _signature(buf):
+    """What must not have changed for buf to be handed out again as a fresh result."""
+    if isinstance(buf, np.ndarray):
+        return buf.shape, buf.strides, buf.dtype, buf.flags.writeable
+    return buf.shape, buf.stride(), buf.dtype, buf.data_ptr(), buf.requires_grad
 
 
 def _use_count():
