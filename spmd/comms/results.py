@@ -29,6 +29,7 @@ lets them go.
 
 import os
 import sys
+import threading
 
 import numpy as np
 
@@ -83,6 +84,8 @@ class Results:
         self._limit = limit  # None: read SPMD_KEEP_RESULTS at first use
         self._kept = {}  # key -> [[buffer, storage use count when alone, bytes, signature], ...]
         self._bytes = 0
+        # Two threads must never both find one dropped buffer and hand it out.
+        self._lock = threading.Lock()
 
     @property
     def limit(self):
@@ -102,6 +105,10 @@ class Results:
         """
         if items < MIN_ITEMS:
             return make(*args)
+        with self._lock:
+            return self._empty(key, make, args)
+
+    def _empty(self, key, make, args):
         kept = self._kept.get(key)
         if kept is not None:
             i = 0
@@ -166,8 +173,9 @@ class Results:
 
     def clear(self):
         """Let every kept buffer go (the program's own references stay valid)."""
-        self._kept.clear()
-        self._bytes = 0
+        with self._lock:
+            self._kept.clear()
+            self._bytes = 0
 
     @property
     def nbytes(self):
