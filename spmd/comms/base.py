@@ -218,7 +218,7 @@ class Comm:
             try:
                 parts, whole, lengths = self._scatter_parts(chunks)
                 first = whole if parts is None else parts[0]
-                header = meta.scatter_header(first, lengths)
+                header = self._descs.scatter_header(first, lengths)
             except CollectiveError as exc:
                 header, error = meta.error_header(self.size), str(exc)
         else:

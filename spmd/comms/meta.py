@@ -111,6 +111,7 @@ class Descriptions:
         self.size = size
         self._rows = {}
         self._headers = {}
+        self._sent = {}  # root's scatter headers
 
     def row(self, x):
         """Return (x's row, the bytes of every rank sending the same valid row, or None)."""
@@ -129,6 +130,16 @@ class Descriptions:
         if same is not None and rows.tobytes() == same:
             return [x.shape[0]] * self.size
         return check_rows(rows, what)
+
+    def scatter_header(self, first, lengths):
+        """Return root's scatter header for first chunk and lengths (kept: Bcast only reads it)."""
+        key = (type(first), first.dtype, first.shape, *lengths)
+        hit = self._sent.get(key)
+        if hit is None:
+            if len(self._sent) >= self.LIMIT:
+                self._sent.clear()
+            hit = self._sent[key] = scatter_header(first, lengths)
+        return hit
 
     def header(self, header):
         """Return (kind, dtype, trail, lengths) from a scatter header, decoding each description once."""
