@@ -19,12 +19,13 @@ never handed out.  Memory reached only through a raw address
 (``data_ptr()``, ``ctypes.data``) is not counted; using such an address
 after dropping every array that owns the memory was already undefined.
 While the pool holds a result, numpy's ``ndarray.resize`` (which checks
-references) refuses it: use ``numpy.resize``, or ``SPMD_KEEP_RESULTS=0``.  Small results
-are not kept (malloc reuses warm memory for them), nor more than
-``PER_SHAPE`` per kind, dtype and shape, nor more than the limit in all:
-``SPMD_KEEP_RESULTS`` bytes (``0`` turns the pool off; default 1 GiB, at
-most an eighth of the machine's memory).  ``clear()`` (at finalize)
-lets them go.
+references) refuses it: use ``numpy.resize``, or ``SPMD_KEEP_RESULTS=0``.
+
+Small results are not kept (malloc reuses warm memory for them), nor
+more than ``PER_SHAPE`` per kind, dtype and shape, nor more than the
+limit in all: ``SPMD_KEEP_RESULTS`` bytes (``0`` turns the pool off;
+default 1 GiB, at most an eighth of the machine's memory).  ``clear()``
+(at finalize) lets them go.
 """
 
 import os
