@@ -50,6 +50,14 @@ def test_unknown_backend_is_an_error_on_every_rank(tmp_path):
 
 
 @pytest.mark.timeout(60)
+def test_a_bad_result_pool_limit_is_an_error_on_every_rank(tmp_path):
+    job = script(tmp_path, "comm.barrier()\n")
+    result = run([MPIRUN, "-n", 2, PY, job], 50, clean_env(SPMD_KEEP_RESULTS="lots"))
+    assert result.returncode != 0
+    assert count_errors(result.stdout, ["SPMD_KEEP_RESULTS='lots' is not a size", "512M"]) == 2
+
+
+@pytest.mark.timeout(60)
 def test_unavailable_backend_lists_the_available_ones(tmp_path):
     job = script(tmp_path, "comm.barrier()\n")
     result = run([SPMD, "run", "-n", 2, "--backend", "nccl", job], 50)
