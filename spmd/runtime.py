@@ -203,10 +203,11 @@ def init(backend=None, timeout=None, debug=None, trace=None):
             # asked; without them MPI moves them up to 1.7x slower than numpy's.
             # Read at torch's first large allocation, so this is early enough.
             os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
-            from .comms.results import POOL
+            from .comms.results import POOL, limit_from
 
-            POOL.configure(os.environ)  # a bad SPMD_KEEP_RESULTS fails here, on every rank
+            limit_from(os.environ)  # a bad SPMD_KEEP_RESULTS fails here, on every rank
             _comm, _guards = _start(backend, timeout, debug, trace, os.environ)
+            POOL.configure(os.environ, _comm.local_size)
             if _comm.size > 1:
                 _install_excepthook()
                 # Nobody leaves init (and perhaps the job) while a peer still joins.

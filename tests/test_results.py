@@ -88,6 +88,7 @@ def test_the_limit_comes_from_spmd_keep_results():
     assert limit_from({"SPMD_KEEP_RESULTS": "512M"}) == 512 << 20
     assert limit_from({"SPMD_KEEP_RESULTS": "0"}) == 0
     assert 0 < limit_from({}) <= 1 << 30
+    assert limit_from({}, local_size=1 << 20) < limit_from({})  # the machine's share per rank
     with pytest.raises(ValueError, match=r"SPMD_KEEP_RESULTS='lots' is not a size.*512M.*or 0"):
         limit_from({"SPMD_KEEP_RESULTS": "lots"})
 

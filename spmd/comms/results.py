@@ -24,7 +24,8 @@ references) refuses it: use ``numpy.resize``, or ``SPMD_KEEP_RESULTS=0``.
 Small results are not kept (malloc reuses warm memory for them), nor
 more than ``PER_SHAPE`` per kind, dtype and shape, nor more than the
 limit in all: ``SPMD_KEEP_RESULTS`` bytes (``0`` turns the pool off;
-default 1 GiB, at most an eighth of the machine's memory).  ``clear()``
+default 1 GiB, at most an eighth of the machine's memory divided among
+the ranks on it).  ``clear()``
 (at finalize) lets them go.
 """
 
@@ -56,19 +57,23 @@ def _count(kept, i):
 _ALONE = _count([[object(), 0]], 0)
 
 
-def _default_limit():
+def _default_limit(local_size):
     try:
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError):
         return DEFAULT_LIMIT
-    return min(DEFAULT_LIMIT, memory // 8)
+    return min(DEFAULT_LIMIT, memory // (8 * max(1, local_size)))
 
 
-def limit_from(environ):
-    """Return the pool's limit in bytes from SPMD_KEEP_RESULTS, or raise naming the fix."""
+def limit_from(environ, local_size=1):
+    """Return the pool's limit in bytes from SPMD_KEEP_RESULTS, or raise naming the fix.
+
+    The default is 1 GiB, and at most an eighth of the machine's memory
+    shared by the local_size ranks on it.
+    """
     text = environ.get("SPMD_KEEP_RESULTS", "")
     if text.strip() == "":
-        return _default_limit()
+        return _default_limit(local_size)
     try:
         return parse_size(text)
     except ValueError:
@@ -94,9 +99,9 @@ class Results:
             self._limit = limit_from(os.environ)
         return self._limit
 
-    def configure(self, environ):
-        """Read the limit from SPMD_KEEP_RESULTS now (spmd.init), raising on a bad value."""
-        self._limit = limit_from(environ)
+    def configure(self, environ, local_size=1):
+        """Set the limit from SPMD_KEEP_RESULTS and the ranks on this node (spmd.init)."""
+        self._limit = limit_from(environ, local_size)
 
     def empty(self, key, items, make, *args):
         """Return a dropped buffer kept under key, else make(*args) (kept when there is room).
