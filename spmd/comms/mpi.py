@@ -42,13 +42,6 @@ _OPS = dict(_FAST_OPS, avg=MPI.SUM)
 _BOOL_OPS = {"sum": MPI.LOR, "prod": MPI.LAND, "min": MPI.LAND, "max": MPI.LOR}
 
 
-def _items(shape):
-    n = 1
-    for d in shape:
-        n *= d
-    return n
-
-
 def _new(kind, dtype, shape):
     if kind == "numpy":
         return np.empty(shape, dtype=dtype)
@@ -82,7 +75,7 @@ class MpiComm(Comm):
 
     def _empty(self, kind, dtype, shape):
         """Return a result array: a dropped one of this kind, dtype and shape, or a new one."""
-        return _POOL.empty((kind, dtype, shape), _items(shape), _new, kind, dtype, shape)
+        return _POOL.empty((kind, dtype, shape), shape, _new, kind, dtype, shape)
 
     # -- fast paths ------------------------------------------------------------
     # A blocking broadcast, reduce or all_reduce of one contiguous CPU array of
@@ -320,7 +313,7 @@ class MpiComm(Comm):
         shape = (sum(lengths),) + trail
         full = out
         if full is None:
-            full = _POOL.empty((type(c), c.dtype, shape), _items(shape), _new_like, c, shape)
+            full = _POOL.empty((type(c), c.dtype, shape), shape, _new_like, c, shape)
         even = lengths.count(lengths[0]) == self.size
         if even:
             recv = [_raw(full), MPI.BYTE]

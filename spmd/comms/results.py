@@ -103,12 +103,15 @@ class Results:
         """Set the limit from SPMD_KEEP_RESULTS and the ranks on this node (spmd.init)."""
         self._limit = limit_from(environ, local_size)
 
-    def empty(self, key, items, make, *args):
+    def empty(self, key, shape, make, *args):
         """Return a dropped buffer kept under key, else make(*args) (kept when there is room).
 
         key names the kind, dtype and shape (and whatever else make
-        depends on); items is the number of elements.
+        depends on); shape is the result's.
         """
+        items = 1
+        for d in shape:
+            items *= d
         if items < MIN_ITEMS:
             return make(*args)
         with self._lock:

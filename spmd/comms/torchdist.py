@@ -141,7 +141,7 @@ class TorchComm(Comm):
 
     def _empty(self, kind, dtype, shape):
         """Return a result tensor: a dropped one of this kind, dtype and shape, or a new one."""
-        return POOL.empty((kind, dtype, shape, self.device), _items(shape), _new, kind, dtype, shape, self.device)
+        return POOL.empty((kind, dtype, shape, self.device), shape, _new, kind, dtype, shape, self.device)
 
     # -- fast paths ------------------------------------------------------------
     # A blocking broadcast, reduce or all_reduce of one contiguous CPU tensor
@@ -471,13 +471,6 @@ class TorchComm(Comm):
         return rank if self._ranks is None else self._ranks[rank]
 
 
-def _items(shape):
-    n = 1
-    for d in shape:
-        n *= d
-    return n
-
-
 def _new(kind, dtype, shape, device):
     if kind == "numpy":
         return torch.from_numpy(np.empty(shape, dtype=dtype))
@@ -486,7 +479,7 @@ def _new(kind, dtype, shape, device):
 
 def _new_like(t, shape):
     """Return a result tensor like t of this shape: a dropped one, or a new one."""
-    return POOL.empty((t.dtype, t.device, shape), _items(shape), t.new_empty, shape)
+    return POOL.empty((t.dtype, t.device, shape), shape, t.new_empty, shape)
 
 
 def _as_kind(t, kind):
