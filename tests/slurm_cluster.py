@@ -191,7 +191,7 @@ class SlurmCluster:
             self._check_alive()
             if time.monotonic() > deadline:
                 raise SlurmUnavailable("munged did not create its socket within 15 s:\n"
-                                       + self._logs())
+                                       + self.logs())
             time.sleep(0.05)
 
     def _spawn(self, name, cmd):
@@ -207,9 +207,10 @@ class SlurmCluster:
         for name, proc in self._procs:
             if proc.poll() is not None:
                 raise SlurmUnavailable(f"{name} exited with status {proc.returncode}:\n"
-                                       + self._logs())
+                                       + self.logs())
 
-    def _logs(self, lines=15):
+    def logs(self, lines=15):
+        """Return the last lines of every daemon's log, for failure messages."""
         out = []
         for path in sorted((self.root / "log").glob("*")):
             text = path.read_text(errors="replace").splitlines()[-lines:]
@@ -229,7 +230,7 @@ class SlurmCluster:
                 return
             time.sleep(0.2)
         raise SlurmUnavailable(f"the nodes did not become idle within {timeout} s "
-                               f"(sinfo: {states.strip()!r}):\n{self._logs()}")
+                               f"(sinfo: {states.strip()!r}):\n{self.logs()}")
 
     # -- using ---------------------------------------------------------------------
     def env(self, base=None):
