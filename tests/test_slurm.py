@@ -224,7 +224,7 @@ for step in range(3000):
 
 @pytest.mark.timeout(800)  # two attempts, each above its 120 + 90 s of waits and bin/submit's 120 s
 def test_preemption_signal_runs_the_hook_and_requeues(cluster, tmp_path):
-    # Once in several full runs the job was not requeued: one task never got the
+    # Twice in about ten full runs the job was not requeued: one task never got the
     # forwarded signal and the step did not end (docs/slurm.md). A second attempt
     # runs then, and the first one's state is kept as a warning and in any failure.
     first = _preempt_and_requeue(cluster, tmp_path / "first")
