@@ -207,6 +207,8 @@ class Comm:
         root sends no description first: every rank other than root must
         then pass ``out``, the array to receive into.  ``out`` may be
         given in any case; the chunk lands in it and it is returned.
+        Without it the chunk is new memory, or that of a large earlier
+        result nothing refers to any more (``spmd.comms.results``).
         """
         root = self._root(root)
         if out is not None:
@@ -297,7 +299,9 @@ class Comm:
         (on every rank) all ranks' x have one shape and no descriptions
         are exchanged first (one collective fewer).  With ``out``, an
         array of every rank's rows one after another, root receives into
-        it; the list returned holds views of it.
+        it; the list returned holds views of it.  Without ``out`` the
+        result is new memory, or that of a large earlier result nothing
+        refers to any more (``spmd.comms.results``).
         """
         root = self._root(root)
         lengths = self._lengths(x, "gather", equal)
