@@ -119,11 +119,8 @@ class Descriptions:
         key = (type(x), x.dtype, x.shape)
         hit = self._rows.get(key)
         if hit is None:
-            if len(self._rows) >= self.LIMIT:
-                self._rows.clear()
             row = encode(x)
-            same = row.tobytes() * self.size if _valid(row.tolist()) else None
-            hit = self._rows[key] = (row, same)
+            hit = self._keep(self._rows, key, (row, row.tobytes() * self.size if _valid(row.tolist()) else None))
         return hit
 
     def lengths(self, x, rows, same, what):
@@ -133,9 +130,7 @@ class Descriptions:
             return [x.shape[0]] * self.size
         hit = self._checked.get(seen)  # rows that differ in dim 0 only, checked before
         if hit is None:
-            if len(self._checked) >= self.LIMIT:
-                self._checked.clear()
-            hit = self._checked[seen] = check_rows(rows, what)  # raises unless they agree
+            hit = self._keep(self._checked, seen, check_rows(rows, what))  # raises unless they agree
         return list(hit)
 
     def scatter_header(self, first, lengths):
@@ -143,9 +138,7 @@ class Descriptions:
         key = (type(first), first.dtype, first.shape, *lengths)
         hit = self._sent.get(key)
         if hit is None:
-            if len(self._sent) >= self.LIMIT:
-                self._sent.clear()
-            hit = self._sent[key] = scatter_header(first, lengths)
+            hit = self._keep(self._sent, key, scatter_header(first, lengths))
         return hit
 
     def header(self, header):
@@ -153,8 +146,13 @@ class Descriptions:
         key = header[1 : 1 + WIDTH].tobytes()
         hit = self._headers.get(key)
         if hit is None:
-            if len(self._headers) >= self.LIMIT:
-                self._headers.clear()
             kind, dtype, trail, _ = decode(header[1 : 1 + WIDTH])
-            hit = self._headers[key] = (kind, dtype, trail)
+            hit = self._keep(self._headers, key, (kind, dtype, trail))
         return hit + (header[1 + WIDTH :].tolist(),)
+
+    def _keep(self, cache, key, value):
+        """Store value under key (on a miss only) and return it; a full cache starts over."""
+        if len(cache) >= self.LIMIT:
+            cache.clear()
+        cache[key] = value
+        return value
