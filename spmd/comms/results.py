@@ -57,6 +57,15 @@ def _count(kept, i):
 _ALONE = _count([[object(), 0]], 0)
 
 
+def _dropped(kept, i):
+    """Tell whether nothing but the pool refers to kept[i]'s buffer."""
+    entry = kept[i]
+    if _count(kept, i) != _ALONE:
+        return False
+    alone = entry[1]  # the storage's use count when alone (tensors), else None
+    return alone is None or _use_count()(entry[0].untyped_storage()._cdata) == alone
+
+
 def _default_limit(local_size):
     try:
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -122,7 +131,7 @@ class Results:
         if kept is not None:
             i = 0
             while i < len(kept):
-                if _count(kept, i) == _ALONE and self._alone(kept[i]):
+                if _dropped(kept, i):
                     entry = kept[i]
                     if _signature(entry[0]) == entry[3]:
                         return entry[0]
@@ -136,14 +145,6 @@ class Results:
         if self.limit > 0:
             self._keep(key, kept, buf)
         return buf
-
-    @staticmethod
-    def _alone(entry):
-        """Tell whether no tensor but this one uses the buffer's storage (numpy: True)."""
-        alone = entry[1]
-        if alone is None:
-            return True
-        return _use_count()(entry[0].untyped_storage()._cdata) == alone
 
     def _keep(self, key, kept, buf):
         if isinstance(buf, np.ndarray):
@@ -169,7 +170,7 @@ class Results:
         for key, kept in list(self._kept.items()):
             i = 0
             while i < len(kept) and need > 0:
-                if _count(kept, i) == _ALONE and self._alone(kept[i]):
+                if _dropped(kept, i):
                     need -= kept[i][2]
                     self._bytes -= kept[i][2]
                     del kept[i]
