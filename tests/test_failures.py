@@ -42,19 +42,15 @@ def test_a_rank_that_exits_nonzero_ends_spmd_run(tmp_path):
 
 
 @pytest.mark.timeout(60)
-def test_unknown_backend_is_an_error_on_every_rank(tmp_path):
+@pytest.mark.parametrize("setting, words", [
+    ({"SPMD_BACKEND": "infiniband"}, ["unknown backend 'infiniband'", "gloo, nccl, mpi"]),
+    ({"SPMD_KEEP_RESULTS": "lots"}, ["SPMD_KEEP_RESULTS='lots' is not a size", "512M"]),
+], ids=["unknown backend", "bad result pool limit"])
+def test_a_bad_setting_is_an_error_on_every_rank(tmp_path, setting, words):
     job = script(tmp_path, "comm.barrier()\n")
-    result = run([MPIRUN, "-n", 2, PY, job], 50, clean_env(SPMD_BACKEND="infiniband"))
+    result = run([MPIRUN, "-n", 2, PY, job], 50, clean_env(**setting))
     assert result.returncode != 0
-    assert count_errors(result.stdout, ["unknown backend 'infiniband'", "gloo, nccl, mpi"]) == 2
-
-
-@pytest.mark.timeout(60)
-def test_a_bad_result_pool_limit_is_an_error_on_every_rank(tmp_path):
-    job = script(tmp_path, "comm.barrier()\n")
-    result = run([MPIRUN, "-n", 2, PY, job], 50, clean_env(SPMD_KEEP_RESULTS="lots"))
-    assert result.returncode != 0
-    assert count_errors(result.stdout, ["SPMD_KEEP_RESULTS='lots' is not a size", "512M"]) == 2
+    assert count_errors(result.stdout, words) == 2
 
 
 @pytest.mark.timeout(60)
