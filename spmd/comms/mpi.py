@@ -394,4 +394,3 @@ class MpiComm(Comm):
     def _split_comm(self, color, key):
         new = self._c.Split(MPI.UNDEFINED if color is None else color, key)
         return None if new == MPI.COMM_NULL else MpiComm(new, self.placement, self.timeout, self._mon.child())
-
