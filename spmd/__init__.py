@@ -19,14 +19,34 @@ __all__ = [
     "Comm",
     "Handle",
     "SpmdError",
+    "SettingsError",
     "PlacementError",
     "BackendError",
     "RendezvousError",
     "CollectiveError",
+    "CollectiveTimeout",
+    "PipelineError",
+    "DataParallelError",
+    "CheckpointError",
+    "SubmitError",
+    "LaunchError",
 ]
 
 from ._proxy import comm
-from .errors import BackendError, CollectiveError, PlacementError, RendezvousError, SpmdError
+from .errors import (
+    BackendError,
+    CheckpointError,
+    CollectiveError,
+    CollectiveTimeout,
+    DataParallelError,
+    LaunchError,
+    PipelineError,
+    PlacementError,
+    RendezvousError,
+    SettingsError,
+    SpmdError,
+    SubmitError,
+)
 from .runtime import finalize, init, initialized
 
 

@@ -1,15 +1,38 @@
-"""Exceptions raised by spmd.
+"""Every error spmd raises, in one tree under :class:`SpmdError`.
 
-Every error names the problem and, where there is one, the fix.
+Every error names the problem and, where there is one, the fix.  A
+caller that wants to catch anything spmd raised on purpose catches
+``spmd.SpmdError``; errors about a bad argument or setting also derive
+from ``ValueError``, a timeout from ``TimeoutError``, so code written
+against the builtins keeps working.
+
+    SpmdError (RuntimeError)
+    +-- SettingsError (ValueError)      a bad SPMD_* variable or init argument
+    +-- PlacementError (ValueError)     the launcher's environment is inconsistent
+    +-- BackendError (ValueError)       a backend unknown or unusable here
+    +-- RendezvousError                 the ranks could not meet
+    +-- CollectiveError (ValueError)    a collective's arguments cannot work
+    +-- CollectiveTimeout (TimeoutError) a collective waited past the timeout
+    +-- PipelineError                   spmd.pipeline failed (same message on every rank)
+    +-- DataParallelError (ValueError)  spmd.data_parallel misused
+    +-- CheckpointError                 a checkpoint could not be saved or loaded
+    +-- SubmitError (ValueError)        bin/submit cannot make the batch file asked for
+    +-- LaunchError (ValueError)        spmd run / spmd.launch asked for something impossible
 """
 
 __all__ = [
     "SpmdError",
+    "SettingsError",
     "PlacementError",
     "BackendError",
     "RendezvousError",
     "CollectiveError",
     "CollectiveTimeout",
+    "PipelineError",
+    "DataParallelError",
+    "CheckpointError",
+    "SubmitError",
+    "LaunchError",
     "PEER_LOST",
     "is_peer_lost",
 ]
@@ -17,6 +40,10 @@ __all__ = [
 
 class SpmdError(RuntimeError):
     """Base class of every error spmd raises on purpose."""
+
+
+class SettingsError(SpmdError, ValueError):
+    """A setting (an ``SPMD_*`` variable or an argument of init) has a value that cannot work."""
 
 
 class PlacementError(SpmdError, ValueError):
@@ -37,6 +64,26 @@ class CollectiveError(SpmdError, ValueError):
 
 class CollectiveTimeout(SpmdError, TimeoutError):
     """A collective waited longer than the timeout for the other ranks."""
+
+
+class PipelineError(SpmdError):
+    """The pipeline failed; raised with the same message on every rank."""
+
+
+class DataParallelError(SpmdError, ValueError):
+    """DataParallel was given a model, option or call order that cannot work."""
+
+
+class CheckpointError(SpmdError):
+    """A checkpoint could not be saved or loaded."""
+
+
+class SubmitError(SpmdError, ValueError):
+    """A submission cannot be made as asked; the message says why and how to fix it."""
+
+
+class LaunchError(SpmdError, ValueError):
+    """A local launch (``spmd run``, ``spmd.launch``) was asked for something that cannot run."""
 
 
 #: Words of backend errors that mean a peer vanished or closed its connection.

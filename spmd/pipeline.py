@@ -41,7 +41,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .comms.arrays import is_tensor, split_sizes
-from .errors import SpmdError
+from .errors import PipelineError
 from .sources import ArraySource, CsvSource, NpySource, ShardSource, SyntheticTable, open_source
 
 __all__ = [
@@ -60,10 +60,6 @@ __all__ = [
 
 #: Phases timed on root, in the order they happen within a round.
 PHASES = ("load", "scatter", "process", "gather", "check", "write", "verify")
-
-
-class PipelineError(SpmdError):
-    """The pipeline failed; raised with the same message on every rank."""
 
 
 def _describe(exc):

@@ -13,6 +13,8 @@ import re
 from dataclasses import dataclass, field, fields, replace
 from typing import Mapping
 
+from ..errors import SubmitError
+
 __all__ = ["SubmitOptions", "SubmitError", "make", "check", "time_seconds", "OPTION_NAMES",
            "BACKENDS", "LAUNCHERS", "MAIL_TYPES"]
 
@@ -22,10 +24,6 @@ MAIL_TYPES = ("NONE", "BEGIN", "END", "FAIL", "REQUEUE", "ALL", "INVALID_DEPEND"
               "TIME_LIMIT", "TIME_LIMIT_90", "TIME_LIMIT_80", "TIME_LIMIT_50", "ARRAY_TASKS")
 DEFAULT_OUTPUT = "logs/%x-%j.out"
 MAX_SIGNAL_SECONDS = 65535  # sbatch's --signal=...@TIME is a 16-bit count of seconds
-
-
-class SubmitError(ValueError):
-    """A submission cannot be made as asked; the message says why and how to fix it."""
 
 
 @dataclass(frozen=True)
