@@ -14,10 +14,17 @@ against the builtins keeps working.
     +-- CollectiveError (ValueError)    a collective's arguments cannot work
     +-- CollectiveTimeout (TimeoutError) a collective waited past the timeout
     +-- PipelineError                   spmd.pipeline failed (same message on every rank)
+    |   +-- PipelineValueError (ValueError) a value given to or returned in a pipeline cannot work
+    |   +-- PipelineTypeError (TypeError)   an object given to or returned in a pipeline has the wrong type
+    +-- SourceError (ValueError)        a pipeline's input cannot be read or is inconsistent
+    |   +-- SourceTypeError (TypeError)   an object that is no input at all
+    +-- TaskError (ValueError)          spmd.tasks: a task unknown, registered twice or given the wrong rows
     +-- DataParallelError (ValueError)  spmd.data_parallel misused
     +-- CheckpointError                 a checkpoint could not be saved or loaded
     +-- SubmitError (ValueError)        bin/submit cannot make the batch file asked for
     +-- LaunchError (ValueError)        spmd run / spmd.launch asked for something impossible
+    +-- BenchError                      spmd bench could not run a measurement
+        +-- BenchArgumentError (ValueError) spmd bench asked for something it cannot measure
 """
 
 __all__ = [
@@ -29,10 +36,17 @@ __all__ = [
     "CollectiveError",
     "CollectiveTimeout",
     "PipelineError",
+    "PipelineValueError",
+    "PipelineTypeError",
+    "SourceError",
+    "SourceTypeError",
+    "TaskError",
     "DataParallelError",
     "CheckpointError",
     "SubmitError",
     "LaunchError",
+    "BenchError",
+    "BenchArgumentError",
     "PEER_LOST",
     "is_peer_lost",
 ]
@@ -70,6 +84,26 @@ class PipelineError(SpmdError):
     """The pipeline failed; raised with the same message on every rank."""
 
 
+class PipelineValueError(PipelineError, ValueError):
+    """A value given to the pipeline, or returned by its fn or source, cannot work (chunk_rows, a shape)."""
+
+
+class PipelineTypeError(PipelineError, TypeError):
+    """An object given to the pipeline, or returned by its fn, has the wrong type."""
+
+
+class SourceError(SpmdError, ValueError):
+    """A pipeline's input cannot be read, or its parts do not fit together."""
+
+
+class SourceTypeError(SourceError, TypeError):
+    """An object was given as a pipeline's input that is neither an array, a path nor a source."""
+
+
+class TaskError(SpmdError, ValueError):
+    """A task is unknown or registered twice, or was given rows it cannot compute on."""
+
+
 class DataParallelError(SpmdError, ValueError):
     """DataParallel was given a model, option or call order that cannot work."""
 
@@ -84,6 +118,14 @@ class SubmitError(SpmdError, ValueError):
 
 class LaunchError(SpmdError, ValueError):
     """A local launch (``spmd run``, ``spmd.launch``) was asked for something that cannot run."""
+
+
+class BenchError(SpmdError):
+    """spmd bench could not run a measurement (a launch failed, a tool or library is missing)."""
+
+
+class BenchArgumentError(BenchError, ValueError):
+    """spmd bench was asked for something it cannot measure (an unknown collective, bad sizes)."""
 
 
 #: Words of backend errors that mean a peer vanished or closed its connection.

@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 
-from .errors import RendezvousError
+from .errors import LaunchError, RendezvousError
 from .watchdog import PEER_EXIT
 
 __all__ = ["launch", "child_env", "STRIPPED"]
@@ -72,9 +72,9 @@ def launch(argv, nprocs, *, backend=None, prefix=None, timeout=None,
     """Run ``python *runner *argv`` as ``nprocs`` ranks; return exit code."""
     argv = list(argv)
     if not argv:
-        raise ValueError("nothing to run: argv is empty")
+        raise LaunchError("nothing to run: argv is empty")
     if isinstance(nprocs, bool) or not isinstance(nprocs, int) or nprocs < 1:
-        raise ValueError(f"nprocs must be an integer >= 1, got {nprocs!r}")
+        raise LaunchError(f"nprocs must be an integer >= 1, got {nprocs!r}")
     if prefix is None:
         prefix = nprocs > 1
     command = [sys.executable, *runner, *argv]

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from .comms.arrays import is_tensor
+from .errors import SourceError, SourceTypeError
 
 __all__ = ["open_source", "ArraySource", "NpySource", "ShardSource", "CsvSource", "SyntheticTable"]
 
@@ -24,7 +25,7 @@ class ArraySource:
             array = array.detach().cpu().numpy()
         array = np.asarray(array)
         if array.ndim == 0:
-            raise ValueError("the input must have at least one dimension (rows), got a 0-d array")
+            raise SourceError("the input must have at least one dimension (rows), got a 0-d array")
         self.array, self.shape, self.dtype = array, array.shape, array.dtype
 
     def read(self, start, stop):
@@ -43,9 +44,9 @@ class NpySource:
         try:
             self._map = np.load(self.path, mmap_mode="r")
         except ValueError as exc:
-            raise ValueError(f"{self.path}: cannot memory-map ({exc}); save plain numeric arrays") from None
+            raise SourceError(f"{self.path}: cannot memory-map ({exc}); save plain numeric arrays") from None
         if self._map.ndim == 0:
-            raise ValueError(f"{self.path}: holds a 0-d array; the input needs rows")
+            raise SourceError(f"{self.path}: holds a 0-d array; the input needs rows")
         self.shape, self.dtype = self._map.shape, self._map.dtype
 
     def read(self, start, stop):
@@ -68,12 +69,12 @@ class ShardSource:
         self.directory = Path(directory)
         paths = sorted(self.directory.glob("*.npy"), key=lambda p: _natural(p.name))
         if not paths:
-            raise ValueError(f"{self.directory}: no .npy shards in this directory")
+            raise SourceError(f"{self.directory}: no .npy shards in this directory")
         self.shards = [NpySource(p) for p in paths]
         first = self.shards[0]
         for s in self.shards[1:]:
             if s.dtype != first.dtype or s.shape[1:] != first.shape[1:]:
-                raise ValueError(
+                raise SourceError(
                     f"{s.path.name} holds {s.dtype} rows of shape {s.shape[1:]} but "
                     f"{first.path.name} holds {first.dtype} rows of shape {first.shape[1:]}; "
                     "every shard must match"
@@ -140,9 +141,10 @@ class CsvSource:
         try:
             block = np.loadtxt(lines, delimiter=",", dtype=self.dtype, ndmin=2)
         except ValueError as exc:
-            raise ValueError(f"{self.path}: rows {start} to {stop}: {exc}") from None
+            raise SourceError(f"{self.path}: rows {start} to {stop}: {exc}") from None
         if block.shape[1] != self.shape[1]:
-            raise ValueError(f"{self.path}: rows {start} to {stop} have {block.shape[1]} columns, expected {self.shape[1]}")
+            raise SourceError(f"{self.path}: rows {start} to {stop} have {block.shape[1]} columns, "
+                              f"expected {self.shape[1]}")
         return block
 
     def __repr__(self):
@@ -169,7 +171,7 @@ class SyntheticTable:
 
     def __init__(self, rows=1_000_000, features=16, seed=0):
         if rows < 0 or features < 1:
-            raise ValueError(f"a synthetic table needs rows >= 0 and features >= 1, got {rows} and {features}")
+            raise SourceError(f"a synthetic table needs rows >= 0 and features >= 1, got {rows} and {features}")
         self.rows, self.features, self.seed = int(rows), int(features), int(seed)
         self.shape, self.dtype = (self.rows, self.features), np.dtype(np.float32)
         rng = np.random.default_rng([self.seed, 0])
@@ -215,8 +217,8 @@ def open_source(spec):
             return NpySource(path)
         if path.suffix == ".csv":
             return CsvSource(path)
-        raise ValueError(f"{path}: unknown input format; expected .npy, .csv or a directory of .npy shards")
-    raise TypeError(
+        raise SourceError(f"{path}: unknown input format; expected .npy, .csv or a directory of .npy shards")
+    raise SourceTypeError(
         f"cannot read rows from {type(spec).__name__}; pass an array, a path, or an object "
         "with shape, dtype and read(start, stop)"
     )

@@ -29,6 +29,8 @@ from typing import Callable
 
 import numpy as np
 
+from .errors import TaskError
+
 __all__ = [
     "Task",
     "TASKS",
@@ -66,7 +68,7 @@ def register(name, *, needs_stats=False):
 
     def add(make):
         if name in TASKS:
-            raise ValueError(f"task {name!r} is already registered")
+            raise TaskError(f"task {name!r} is already registered")
         doc = (make.__doc__ or "").strip().splitlines()
         TASKS[name] = Task(name, make, needs_stats, doc[0] if doc else "")
         return make
@@ -79,7 +81,7 @@ def get(name):
     try:
         return TASKS[name]
     except KeyError:
-        raise ValueError(f"unknown task {name!r}; expected one of {', '.join(names())}") from None
+        raise TaskError(f"unknown task {name!r}; expected one of {', '.join(names())}") from None
 
 
 def names():
@@ -101,7 +103,7 @@ def build(name, source=None, *, seed=0, comm=None, root=0):
     def describe():
         src = open_source(source)
         if len(src.shape) != 2:
-            raise ValueError(f"task {name!r} needs a table of rows and columns, got shape {src.shape}")
+            raise TaskError(f"task {name!r} needs a table of rows and columns, got shape {src.shape}")
         return src.shape[1], column_stats(src) if task.needs_stats else None
 
     features, stats = on_root(describe, comm=comm, root=root, share=True)
@@ -129,7 +131,7 @@ def fixed_batches(compute, features, dtype, batch=BATCH):
     def fn(block):
         block = np.asarray(block)
         if block.ndim != 2 or block.shape[1] != features:
-            raise ValueError(f"expected rows of {features} values, got a block of shape {block.shape}")
+            raise TaskError(f"expected rows of {features} values, got a block of shape {block.shape}")
         out = np.empty((block.shape[0],) + row_shape, out_dtype)
         for i in range(0, block.shape[0], batch):
             n = min(batch, block.shape[0] - i)

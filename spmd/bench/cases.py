@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..comms.arrays import is_tensor
+from ..errors import BenchArgumentError
 
 __all__ = [
     "COLLECTIVES",
@@ -310,7 +311,7 @@ def build(world, collective, impl, layout, fill=False):
         return _gather(world, impl, layout, fill, collective == "all_gather", collective != "gather_uneven")
     if collective == "all_reduce_many":
         return _many(world, impl, layout, fill)
-    raise ValueError(f"unknown collective {collective!r}")
+    raise BenchArgumentError(f"unknown collective {collective!r}")
 
 
 def expected(collective, layout, rank, size):

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..errors import BenchArgumentError
 from ..units import format_size, parse_size
 from .cases import BUSBW, COLLECTIVES, EXTRAS, Layout, build, check, impls_for
 
@@ -51,7 +52,7 @@ def default_sizes(min_size=8, max_size=256 << 20, factor=4):
     The default, 8 B, 16 B, 64 B, ... 256 MiB, lands on 1 KiB and 1 MiB.
     """
     if min_size < 1 or max_size < min_size or factor < 2:
-        raise ValueError(f"need 1 <= min ({min_size}) <= max ({max_size}) and factor >= 2")
+        raise BenchArgumentError(f"need 1 <= min ({min_size}) <= max ({max_size}) and factor >= 2")
     out, s = [min_size], 1
     while s <= max_size:
         if s > min_size:
@@ -218,7 +219,7 @@ def run(world, settings=None, progress=None):
     rows = []
     for collective in settings.collectives:
         if collective not in COLLECTIVES + EXTRAS:
-            raise ValueError(f"unknown collective {collective!r}; expected one of {COLLECTIVES + EXTRAS}")
+            raise BenchArgumentError(f"unknown collective {collective!r}; expected one of {COLLECTIVES + EXTRAS}")
         wanted = settings.impls or world.impls
         impls = tuple(i for i in impls_for(collective, wanted) if _available(world, i))
         if settings.verify:

@@ -10,6 +10,8 @@ case: the largest over the ranks.
 
 import gc
 
+from ..errors import BenchError
+
 __all__ = ["available", "measure", "memory_table"]
 
 _STATUS = "/proc/self/status"
@@ -20,7 +22,7 @@ def _kib(field):
         for line in f:
             if line.startswith(field + ":"):
                 return int(line.split()[1])
-    raise RuntimeError(f"{field} missing from {_STATUS}")
+    raise BenchError(f"{field} missing from {_STATUS}")
 
 
 def available():

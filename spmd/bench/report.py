@@ -9,6 +9,7 @@ import time
 
 import numpy as np
 
+from ..errors import BenchError
 from .cases import COLLECTIVES, EXTRAS
 from .measure import format_size
 from .world import IMPLS
@@ -276,13 +277,13 @@ def plot(rows, path, title=None):
         import matplotlib.pyplot as plt
         from matplotlib.ticker import FuncFormatter
     except ImportError as exc:
-        raise RuntimeError(
+        raise BenchError(
             f"plotting needs matplotlib ({exc}); install it with: pip install matplotlib, "
             "or leave out --plot"
         ) from None
     panels = [c for c in COLLECTIVES + EXTRAS if c != "all_reduce_many" and any(r["collective"] == c for r in rows)]
     if not panels:
-        raise RuntimeError("nothing to plot: no collective was measured at several sizes")
+        raise BenchError("nothing to plot: no collective was measured at several sizes")
     cols = min(3, len(panels))
     nrows = math.ceil(len(panels) / cols)
     fig, axes = plt.subplots(nrows, cols, figsize=(4.2 * cols, 3.2 * nrows), squeeze=False)

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import BenchError
 from ..launch import STRIPPED
 
 __all__ = ["scenarios", "measure", "startup_table", "find_mpirun"]
@@ -108,10 +109,10 @@ def _launch(mpirun, ranks, code, env, timeout):
         wall = time.time() - t0
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         if proc.returncode != 0:
-            raise RuntimeError(f"start-up launch failed (exit {proc.returncode}):\n{proc.stdout[-2000:]}")
+            raise BenchError(f"start-up launch failed (exit {proc.returncode}):\n{proc.stdout[-2000:]}")
         marks = [Path(stamps, f).read_text().split() for f in os.listdir(stamps)]
     if len(marks) != ranks:
-        raise RuntimeError(f"{len(marks)} of {ranks} ranks reported ready; output:\n{proc.stdout[-2000:]}")
+        raise BenchError(f"{len(marks)} of {ranks} ranks reported ready; output:\n{proc.stdout[-2000:]}")
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     return {"ready_s": max(float(m[0]) for m in marks) - t0, "wall_s": wall, "cpu_s": cpu,
             "torch_imported": any(m[1] == "True" for m in marks)}
@@ -121,7 +122,7 @@ def measure(ranks=8, repeats=5, script=None, mpirun=None, timeout=300, progress=
     """Launch each scenario repeats times, interleaved; return one dict per scenario (medians)."""
     mpirun = mpirun or find_mpirun()
     if mpirun is None:
-        raise RuntimeError("mpirun not found: pip install mpich (or put an mpirun on PATH)")
+        raise BenchError("mpirun not found: pip install mpich (or put an mpirun on PATH)")
     cases = [(name, code, _clean_env(extra)) for name, code, extra in scenarios(script)]
     runs = {name: [] for name, _, _ in cases}
     # A first launch of each at 2 ranks, untimed: imports compile and cache their

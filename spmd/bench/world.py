@@ -10,7 +10,7 @@ when it is there, else over gloo; it is never inside a timed block.
 
 import os
 
-from ..errors import SpmdError
+from ..errors import BenchError
 from ..placement import Placement, check_mpi_world, detect
 
 __all__ = ["IMPLS", "World", "open_world", "open_alone"]
@@ -122,14 +122,14 @@ def open_world(backends=("mpi", "gloo"), threads=None):
     """
     placement = detect(os.environ)
     if placement.size < 2:
-        raise SpmdError(
+        raise BenchError(
             "spmd bench needs at least 2 ranks: start it under a launcher "
             "(mpirun -n 2 spmd bench) or let it launch itself (spmd bench --launch 2)"
         )
     mpi = spmd_mpi = spmd_gloo = None
     if "mpi" in backends:
         if not placement.is_mpi:
-            raise SpmdError(
+            raise BenchError(
                 f"the mpi implementations need an MPI launcher, but this job was started by "
                 f"{placement.launcher}; use mpirun -n N spmd bench, or --backends gloo"
             )
