@@ -30,18 +30,16 @@ are batched; :func:`spmd.tasks.fixed_batches` makes that easy.
 This module does not import torch; ``fn`` may return tensors.
 """
 
-import os
-import sys
 import time
 import zlib
-from dataclasses import dataclass
-from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
 
 from .comms.arrays import is_tensor, split_sizes
-from .errors import PipelineError
+from .errors import PipelineError, PipelineTypeError, PipelineValueError
+from .progress import PHASES, Bar, Laps, Result
+from .sinks import open_sink
 from .sources import ArraySource, CsvSource, NpySource, ShardSource, SyntheticTable, open_source
 
 __all__ = [
@@ -57,9 +55,6 @@ __all__ = [
     "SyntheticTable",
     "PHASES",
 ]
-
-#: Phases timed on root, in the order they happen within a round.
-PHASES = ("load", "scatter", "process", "gather", "check", "write", "verify")
 
 
 def _describe(exc):
@@ -95,93 +90,6 @@ def on_root(work, *, comm=None, root=0, share=False):
     return value if comm.rank == root else reply[1]
 
 
-# -- sinks: where root puts the results --------------------------------------------------
-
-
-class _Collect:
-    def __init__(self):
-        self.parts = []
-
-    def __call__(self, start, block):
-        self.parts.append(block)
-
-    def close(self, ok, empty):
-        if not ok:
-            return None
-        return np.concatenate(self.parts) if self.parts else empty
-
-
-class _NpyWriter:
-    """Write a .npy file block by block; it appears under its name only when complete."""
-
-    def __init__(self, path, rows):
-        self.path, self.rows = Path(path), rows
-        self.tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        self.file = None
-
-    def __call__(self, start, block):
-        if self.file is None:
-            self.file = open(self.tmp, "wb")
-            header = {
-                "descr": np.lib.format.dtype_to_descr(block.dtype),
-                "fortran_order": False,
-                "shape": (self.rows,) + block.shape[1:],
-            }
-            np.lib.format.write_array_header_2_0(self.file, header)
-        self.file.write(np.ascontiguousarray(block).data)
-
-    def close(self, ok, empty):
-        if ok and self.file is None:
-            self(0, empty)
-        if self.file is not None:
-            self.file.close()
-        if ok:
-            os.replace(self.tmp, self.path)
-            return self.path
-        self.tmp.unlink(missing_ok=True)
-        return None
-
-
-class _Call:
-    def __init__(self, fn):
-        self.fn = fn
-
-    def __call__(self, start, block):
-        self.fn(start, block)
-
-    def close(self, ok, empty):
-        return None
-
-
-def _sink(output, rows):
-    if output is None:
-        return _Collect()
-    if isinstance(output, (str, os.PathLike)):
-        return _NpyWriter(output, rows)
-    if callable(output):
-        return _Call(output)
-    raise TypeError(f"output must be None, a .npy path or a callable(start, block), got {type(output).__name__}")
-
-
-class _Bar:
-    """A one-line progress bar on stderr, redrawn at most every 0.2 s."""
-
-    def __init__(self, stream=None):
-        self.stream, self.t0, self.last = stream or sys.stderr, time.perf_counter(), 0.0
-
-    def __call__(self, done, total):
-        now = time.perf_counter()
-        if done < total and now - self.last < 0.2:
-            return
-        self.last = now
-        frac = done / total if total else 1.0
-        bar = "#" * int(30 * frac)
-        self.stream.write(f"\r[{bar:<30}] {frac:4.0%} {done}/{total} rows {now - self.t0:.1f} s")
-        if done >= total:
-            self.stream.write("\n")
-        self.stream.flush()
-
-
 # -- the pipeline ----------------------------------------------------------------------
 
 
@@ -194,65 +102,8 @@ def _as_numpy(x):
     if is_tensor(x):
         return x.detach().cpu().numpy()
     if not isinstance(x, np.ndarray):
-        raise TypeError(f"fn must return a numpy array or a torch tensor, got {type(x).__name__}")
+        raise PipelineTypeError(f"fn must return a numpy array or a torch tensor, got {type(x).__name__}")
     return x
-
-
-@dataclass
-class Result:
-    """What a pipeline run did, on root."""
-
-    rows: int
-    rows_out: int
-    ranks: int
-    backend: str
-    rounds: int
-    chunk_rows: int
-    row_shape: tuple
-    dtype: str
-    #: Seconds on root per phase (see PHASES); process is wall time until the slowest rank is done.
-    timings: dict
-    total_s: float
-    #: CRC-32 of the output data in row order (C order, no .npy header).
-    checksum: int
-    input_checksum: int
-    rows_per_rank: list
-    process_per_rank: list
-    #: The output array (output=None), the .npy path written, or None for a callable.
-    output: object = None
-    #: True or False after verify=True, else None.
-    verified: object = None
-    mismatched_rows: int = 0
-    first_mismatch: object = None
-
-    @property
-    def rows_per_second(self):
-        return self.rows / self.total_s if self.total_s > 0 else float("inf")
-
-    def summary(self):
-        """Return a few lines for people: sizes, phases, throughput, checksum."""
-        each = f"{'x'.join(map(str, self.row_shape))} {self.dtype}" if self.row_shape else self.dtype
-        phases = ", ".join(f"{p} {self.timings[p]:.3f}" for p in PHASES if p in self.timings)
-        lines = [
-            f"{self.rows} rows in, {self.rows_out} out ({each} each); "
-            f"{_plural(self.ranks, 'rank')}, backend {self.backend}; "
-            f"{_plural(self.rounds, 'round')} of up to {self.chunk_rows} rows",
-            f"seconds: {phases}; total {self.total_s:.3f}",
-            f"{self.rows_per_second:,.0f} rows/s; processing per rank: slowest "
-            f"{max(self.process_per_rank):.3f} s, fastest {min(self.process_per_rank):.3f} s",
-            f"checksum crc32 {self.checksum:08x} (input {self.input_checksum:08x})",
-        ]
-        if self.verified is not None:
-            lines.append(
-                "verify: serial recomputation identical"
-                if self.verified
-                else f"verify: FAILED, {self.mismatched_rows} rows differ (first: row {self.first_mismatch})"
-            )
-        return "\n".join(lines)
-
-
-def _plural(n, word):
-    return f"{n} {word}{'s' * (n != 1)}"
 
 
 class _Root:
@@ -279,9 +130,9 @@ class _Root:
             rows = int(self.src.shape[0])
             chunk = int(chunk_rows) if chunk_rows else max(rows, 1)
             if chunk < 1:
-                raise ValueError(f"chunk_rows must be at least 1, got {chunk_rows}")
-            self.sink = _sink(output, rows)
-            self.bar = _Bar() if progress is True else progress or None
+                raise PipelineValueError(f"chunk_rows must be at least 1, got {chunk_rows}")
+            self.sink = open_sink(output, rows)
+            self.bar = Bar() if progress is True else progress or None
             return ("ok", rows, chunk)
         except Exception as exc:
             return ("error", f"cannot open the input: {_describe(exc)}")
@@ -295,7 +146,7 @@ class _Root:
         try:
             block = self.src.read(a, b)
             if block.shape[0] != b - a or block.shape[1:] != tuple(self.src.shape[1:]):
-                raise ValueError(f"reading rows {a} to {b} gave shape {block.shape}")
+                raise PipelineValueError(f"reading rows {a} to {b} gave shape {block.shape}")
             self.lap("load")
             parts = np.split(block, np.cumsum(split_sizes(b - a, self.comm.size))[:-1])
             self.sent = [_crc(p) for p in parts]
@@ -374,8 +225,8 @@ def _process(fn, part):
     try:
         out = _as_numpy(fn(part))
         if out.ndim == 0 or out.shape[0] != part.shape[0]:
-            raise ValueError(f"fn returned shape {tuple(out.shape)} for a block of {part.shape[0]} rows; "
-                             "it must return one row per input row")
+            raise PipelineValueError(f"fn returned shape {tuple(out.shape)} for a block of {part.shape[0]} rows; "
+                                     "it must return one row per input row")
         out = np.ascontiguousarray(out)
     except Exception as exc:
         return None, _Status(_describe(exc))
@@ -402,15 +253,7 @@ def pipeline(fn, source, *, output=None, chunk_rows=None, verify=False, progress
     PipelineError on every rank if anything fails on any rank.
     """
     comm = _comm(comm)
-    started = time.perf_counter()
-    times = dict.fromkeys(PHASES, 0.0)
-    clock = [started]
-
-    def lap(phase):
-        now = time.perf_counter()
-        times[phase] += now - clock[0]
-        clock[0] = now
-
+    lap = Laps()
     boss = _Root(comm, fn, verify, lap) if comm.rank == root else None
     plan = comm.broadcast_object(boss and boss.open(source, output, chunk_rows, progress), root)
     if plan[0] == "error":
@@ -454,8 +297,8 @@ def pipeline(fn, source, *, output=None, chunk_rows=None, verify=False, progress
         chunk_rows=chunk,
         row_shape=tuple(boss.empty.shape[1:]),
         dtype=str(boss.empty.dtype),
-        timings={p: v for p, v in times.items() if v or p != "verify"},
-        total_s=time.perf_counter() - started,
+        timings=lap.timings(),
+        total_s=lap.total(),
         checksum=boss.out_crc,
         input_checksum=boss.in_crc,
         rows_per_rank=rank_rows,
