@@ -1,4 +1,4 @@
-"""Shared helpers: start real multi-process jobs with a hard time limit."""
+"""Shared helpers: start real multi-process jobs with a hard time limit; the test tiers."""
 
 import os
 import re
@@ -14,6 +14,27 @@ REPO = Path(__file__).resolve().parents[1]
 WORLDS = REPO / "tests" / "worlds"
 PY = sys.executable
 BIN = Path(PY).parent
+
+
+# -- tiers: every test is exactly one of these (setup.cfg registers them, docs/testing.md) --
+
+TIERS = ("unit", "launcher", "slurm")
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects: a test without a tier fails every run
+def pytest_collection_modifyitems(config, items):
+    """Refuse the session if a test has no tier marker, or more than one."""
+    bad = []
+    for item in items:
+        tiers = sorted({m.name for m in item.iter_markers() if m.name in TIERS})
+        if len(tiers) != 1:
+            bad.append(f"  {item.nodeid}: {', '.join(tiers) if tiers else 'no tier'}")
+    if bad:
+        raise pytest.UsageError(
+            f"{len(bad)} test(s) need exactly one tier marker ({', '.join(TIERS)}); "
+            "add `pytestmark = pytest.mark.unit` (or launcher, slurm) at the top of the "
+            "module, or a decorator on the test (docs/testing.md):\n" + "\n".join(bad)
+        )
 
 
 def tool(name):

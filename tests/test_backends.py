@@ -11,6 +11,8 @@ from spmd.comms.serial import SerialComm
 from spmd.errors import BackendError, CollectiveError, RendezvousError
 from spmd.placement import detect
 
+pytestmark = pytest.mark.unit
+
 
 def test_requested_backend_precedence_and_validation():
     assert backends.requested_backend(None, {}) == "auto"

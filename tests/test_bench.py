@@ -26,6 +26,7 @@ TINY = ["--sizes", "8,1K,64K", "--rounds", "2", "--target-time", "0.005", "--man
 # -- pure parts ------------------------------------------------------------------
 
 
+@pytest.mark.unit
 def test_sizes_parse_and_sweep():
     assert parse_size("8") == 8 and parse_size("4K") == 4096 and parse_size("1MiB") == 1 << 20
     assert parse_size("256M") == 256 << 20
@@ -38,6 +39,7 @@ def test_sizes_parse_and_sweep():
     assert format_size(1 << 20) == "1 MiB" and format_size(24) == "24 B"
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("n", [2, 3, 8])
 def test_busbw_factors_are_nccl_tests(n):
     assert BUSBW("all_reduce", n) == pytest.approx(2 * (n - 1) / n)
@@ -47,6 +49,7 @@ def test_busbw_factors_are_nccl_tests(n):
     assert BUSBW("broadcast", n) == BUSBW("reduce", n) == 1.0
 
 
+@pytest.mark.unit
 def test_layouts_keep_the_bytes():
     assert layout("all_reduce", 8, 2).nbytes == 8
     assert layout("scatter", 1 << 20, 4).lengths == ((1 << 18) // 4,) * 4
@@ -64,6 +67,7 @@ def _row(c, impl, size, us):
             "busbw_gbps": size / us / 1e3 * BUSBW(c, 2), "calls_per_sample": 1, "samples": 4}
 
 
+@pytest.mark.unit
 def test_summary_and_table_from_rows():
     rows = []
     for size, us in ((8, 2.0), (1 << 20, 400.0)):
@@ -82,6 +86,7 @@ def test_summary_and_table_from_rows():
     assert "== all_reduce" in text and "1 MiB" in text and "speedup 10.0x" in text
 
 
+@pytest.mark.unit
 def test_plot_without_matplotlib_says_how_to_fix(monkeypatch, tmp_path):
     from spmd.bench.report import plot
 
@@ -90,6 +95,7 @@ def test_plot_without_matplotlib_says_how_to_fix(monkeypatch, tmp_path):
         plot([_row("all_reduce", "gloo", 8, 1.0)], tmp_path / "x.png")
 
 
+@pytest.mark.unit
 def test_plot_draws_a_png(tmp_path):
     pytest.importorskip("matplotlib")
     from spmd.bench.report import plot
@@ -99,6 +105,7 @@ def test_plot_draws_a_png(tmp_path):
     assert (tmp_path / "x.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.unit
 def test_raw_coalescing_groups_by_dtype_and_copies_back():
     import numpy as np
     import torch
@@ -119,18 +126,21 @@ def test_raw_coalescing_groups_by_dtype_and_copies_back():
     assert xs[3].tolist() == [0, 2, 4, 6] and xs[4].tolist() == [2.0, 2.0]
 
 
+@pytest.mark.unit
 def test_import_is_light():
     code = "import sys, spmd.bench, spmd.cli.bench; print('torch' in sys.modules, 'mpi4py' in sys.modules)"
     result = run([PY, "-c", code], 60)
     assert result.stdout.split() == ["False", "False"], result.stdout
 
 
+@pytest.mark.unit
 def test_bench_alone_explains_how_to_start_it():
     result = CliRunner().invoke(bench, ["--sizes", "8"], env=clean_env())
     assert result.exit_code != 0
     assert "at least 2 ranks" in result.output and "--launch" in result.output
 
 
+@pytest.mark.unit
 def test_bad_collective_is_a_usage_error():
     result = CliRunner().invoke(bench, ["--collectives", "allreduce"], env=clean_env())
     assert result.exit_code == 2 and "all_reduce" in result.output
@@ -165,6 +175,7 @@ def _check_rows(doc, collectives, ranks=2):
     return rows
 
 
+@pytest.mark.launcher
 @needs_mpirun
 @pytest.mark.timeout(300)
 def test_bench_at_two_ranks_under_mpirun(tmp_path):
@@ -177,6 +188,7 @@ def test_bench_at_two_ranks_under_mpirun(tmp_path):
     assert "== all_reduce  (2 ranks" in result.stdout and "spmd-mpi / mpi4py" in result.stdout
 
 
+@pytest.mark.launcher
 @needs_mpirun
 @pytest.mark.timeout(200)
 def test_launch_option_starts_mpirun_itself(tmp_path):
@@ -193,6 +205,7 @@ def test_launch_option_starts_mpirun_itself(tmp_path):
     assert png is None or png.stat().st_size > 1000
 
 
+@pytest.mark.launcher
 @needs_mpirun
 @pytest.mark.timeout(200)
 def test_chunked_all_reduce_memory_is_bounded_by_the_chunk(tmp_path):
@@ -212,6 +225,7 @@ def test_chunked_all_reduce_memory_is_bounded_by_the_chunk(tmp_path):
     assert "extra / chunk" in result.stdout
 
 
+@pytest.mark.launcher
 @needs_mpirun
 @pytest.mark.timeout(300)
 def test_startup_breakdown(tmp_path):

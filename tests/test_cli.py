@@ -9,6 +9,7 @@ from conftest import MPIRUN, run, tool
 from spmd.cli import main
 
 
+@pytest.mark.unit
 def test_info_alone_in_json():
     result = CliRunner().invoke(main, ["info", "--json"], env={"SPMD_BACKEND": ""})
     assert result.exit_code == 0, result.output
@@ -18,6 +19,7 @@ def test_info_alone_in_json():
     assert report["error"] is None
 
 
+@pytest.mark.unit
 def test_info_reports_a_conflict_and_fails():
     env = {"RANK": "5", "WORLD_SIZE": "2", "SPMD_RANK": "", "SPMD_SIZE": ""}
     result = CliRunner().invoke(main, ["info"], env=env)
@@ -25,6 +27,7 @@ def test_info_reports_a_conflict_and_fails():
     assert "RANK" in result.output and "WORLD_SIZE" in result.output
 
 
+@pytest.mark.launcher
 @pytest.mark.timeout(60)
 @pytest.mark.skipif(MPIRUN is None, reason="mpirun not found")
 def test_info_under_mpirun_names_each_source(tmp_path):

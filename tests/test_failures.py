@@ -7,7 +7,7 @@ import pytest
 
 from conftest import MPIRUN, PY, clean_env, run, tool
 
-pytestmark = pytest.mark.skipif(MPIRUN is None, reason="mpirun not found: pip install mpich")
+pytestmark = [pytest.mark.launcher, pytest.mark.skipif(MPIRUN is None, reason="mpirun not found: pip install mpich")]
 
 SPMD = tool("spmd")
 

@@ -13,6 +13,8 @@ import pytest
 
 from conftest import MPIRUN, PY, WORLDS, clean_env, start, tool
 
+pytestmark = pytest.mark.launcher
+
 FAULTS = WORLDS / "faults.py"
 TIMEOUT = 6  # SPMD_TIMEOUT for these runs, in seconds
 QUICK = 15  # bound for a failure that needs no timeout

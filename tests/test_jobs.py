@@ -56,6 +56,7 @@ def printed(out):
     return [line for line in out.splitlines() if re.match(r"(Rank|Reduced|Gathered)", line)]
 
 
+@pytest.mark.launcher
 @needs_mpirun
 @pytest.mark.timeout(300)
 def test_collectives_print_the_guides_lines_under_mpirun_4():
@@ -68,6 +69,7 @@ def test_collectives_print_the_guides_lines_under_mpirun_4():
     assert "world size 4, backend mpi" in out
 
 
+@pytest.mark.launcher
 @pytest.mark.timeout(300)
 def test_collectives_at_sizes_1_and_2():
     one = ok(run([PY, JOBS / "collectives.py"], timeout=120))
@@ -127,6 +129,7 @@ def summary_of(out, n, backend, rounds):
     assert f"{ROWS} rows in, {ROWS} out" in out
 
 
+@pytest.mark.launcher
 @needs_mpirun
 @pytest.mark.timeout(500)  # the module fixture's runs may count here too
 def test_size_2_gloo_from_shards_matches_serial(reference, data, tmp_path):
@@ -136,6 +139,7 @@ def test_size_2_gloo_from_shards_matches_serial(reference, data, tmp_path):
     same_output(tmp_path / "o.npy", reference, "mlp")
 
 
+@pytest.mark.launcher
 @needs_mpirun
 @pytest.mark.timeout(500)
 def test_size_4_mpi_standardize_chunked_and_verified(reference, tmp_path):
@@ -146,6 +150,7 @@ def test_size_4_mpi_standardize_chunked_and_verified(reference, tmp_path):
     same_output(tmp_path / "o.npy", reference, "standardize")
 
 
+@pytest.mark.launcher
 @needs_mpirun
 @pytest.mark.timeout(500)
 def test_size_4_from_csv_with_ranks_left_empty(reference, data, tmp_path):
@@ -156,6 +161,7 @@ def test_size_4_from_csv_with_ranks_left_empty(reference, data, tmp_path):
     same_output(tmp_path / "o.npy", reference, "mlp")
 
 
+@pytest.mark.launcher
 @needs_mpirun
 @pytest.mark.timeout(600)
 def test_size_8_matches_serial_and_verifies(reference, tmp_path):
@@ -168,6 +174,7 @@ def test_size_8_matches_serial_and_verifies(reference, tmp_path):
     same_output(tmp_path / "o.npy", reference, "mlp")
 
 
+@pytest.mark.launcher
 @needs_mpirun
 @pytest.mark.timeout(300)
 def test_a_missing_input_fails_once_with_the_reason():
@@ -176,6 +183,7 @@ def test_a_missing_input_fails_once_with_the_reason():
     assert result.stdout.count("no such file or directory") == 1, result.stdout
 
 
+@pytest.mark.launcher
 def test_in_process_quiet_and_rows_with_input_is_refused(job, data, reference, tmp_path):
     runner = CliRunner()
     res = runner.invoke(job.main, ["--rows", ROWS, "--chunk-rows", 10, "--quiet", "--output", tmp_path / "o.npy"])
@@ -185,6 +193,7 @@ def test_in_process_quiet_and_rows_with_input_is_refused(job, data, reference, t
     assert res.exit_code == 2 and "cannot be used with --input" in res.output
 
 
+@pytest.mark.unit
 def test_verification_failure_exits_non_zero(job, monkeypatch):
     calls = []
 

@@ -95,6 +95,7 @@ def parse(lines):
     return seen
 
 
+@pytest.mark.launcher
 def test_env_and_prefix(tmp_path):
     n = 4
     res = spmd_run(write(tmp_path, PRINT_ENV), n, backend="gloo", timeout=90)
@@ -115,6 +116,7 @@ def test_env_and_prefix(tmp_path):
     assert sorted(res.stderr.splitlines()) == [f"[{r}] to stderr" for r in range(n)]
 
 
+@pytest.mark.launcher
 def test_prefix_is_padded_to_the_widest_rank(tmp_path):
     script = write(tmp_path, "import os; print('rank', os.environ['SPMD_RANK'])")
     res = spmd_run(script, 11)
@@ -124,11 +126,13 @@ def test_prefix_is_padded_to_the_widest_rank(tmp_path):
     assert "[ 3] rank 3" in res.stdout.splitlines()
 
 
+@pytest.mark.launcher
 def test_single_rank_has_no_prefix_by_default(tmp_path):
     res = spmd_run(write(tmp_path, "print('alone')"), 1)
     assert (res.returncode, res.stdout) == (0, "alone\n")
 
 
+@pytest.mark.launcher
 def test_other_launchers_variables_are_stripped(tmp_path):
     base = dict(os.environ, RANK="7", OMPI_COMM_WORLD_RANK="7",
                 SLURM_JOB_ID="42", SPMD_LISTEN_FD="99", SPMD_BACKEND="nccl")
@@ -143,6 +147,7 @@ def test_other_launchers_variables_are_stripped(tmp_path):
     assert seen[0]["SPMD_LISTEN_FD"] != "99"
 
 
+@pytest.mark.unit
 def test_child_env_is_a_pure_function():
     env = child_env(2, 3, port=1234, master_addr="::1", timeout=0.5,
                     base={"WORLD_SIZE": "8", "HOME": "/h"})
@@ -154,6 +159,7 @@ def test_child_env_is_a_pure_function():
     assert "RANK" in STRIPPED and "SLURM_JOB_ID" not in STRIPPED
 
 
+@pytest.mark.launcher
 def test_rank0_gets_the_listening_socket(tmp_path):
     script = write(tmp_path, """
         import os, socket
@@ -181,6 +187,7 @@ def test_rank0_gets_the_listening_socket(tmp_path):
     assert lines[2] == "[1] fd None"
 
 
+@pytest.mark.launcher
 def test_a_failing_rank_stops_the_others(tmp_path):
     n = 4
     script = write(tmp_path, f"""
@@ -209,6 +216,7 @@ def test_a_failing_rank_stops_the_others(tmp_path):
     assert wait_dead(pids) == []
 
 
+@pytest.mark.launcher
 def test_a_rank_killed_by_a_signal(tmp_path):
     script = write(tmp_path, """
         import os, time
@@ -221,6 +229,7 @@ def test_a_rank_killed_by_a_signal(tmp_path):
     assert "spmd run: rank 1 killed by signal SIGKILL" in res.stderr
 
 
+@pytest.mark.launcher
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL])
 def test_a_signalled_launcher_stops_the_ranks(tmp_path, signum):
     if signum == signal.SIGKILL and not sys.platform.startswith("linux"):
@@ -248,6 +257,7 @@ def test_a_signalled_launcher_stops_the_ranks(tmp_path, signum):
     assert len(pids) == 3 and wait_dead(pids) == []
 
 
+@pytest.mark.launcher
 def test_concurrent_launches_get_their_own_ports(tmp_path):
     script = write(tmp_path, """
         import os, socket, sys, time
@@ -275,6 +285,7 @@ def test_concurrent_launches_get_their_own_ports(tmp_path):
     assert len(ports) == 2
 
 
+@pytest.mark.launcher
 def test_no_prefix_passes_output_through(tmp_path):
     script = write(tmp_path, """
         import os, sys
@@ -287,12 +298,14 @@ def test_no_prefix_passes_output_through(tmp_path):
     assert sorted(res.stderr.splitlines()) == ["err 0", "err 1"]
 
 
+@pytest.mark.launcher
 def test_a_partial_last_line_is_completed(tmp_path):
     script = write(tmp_path, "import sys; sys.stdout.write('no newline')")
     res = spmd_run(script, 2)
     assert sorted(res.stdout.splitlines()) == ["[0] no newline", "[1] no newline"]
 
 
+@pytest.mark.unit
 def test_launch_checks_its_arguments():
     with pytest.raises(ValueError, match="nprocs"):
         launch(["x.py"], 0)
@@ -310,6 +323,7 @@ def cli():
     return run
 
 
+@pytest.mark.unit
 def test_cli_rejects_zero_ranks(cli, tmp_path):
     script = write(tmp_path, "pass")
     res = CliRunner().invoke(cli, ["-n", "0", str(script)])
@@ -317,6 +331,7 @@ def test_cli_rejects_zero_ranks(cli, tmp_path):
     assert "-n" in res.output and "0" in res.output
 
 
+@pytest.mark.unit
 def test_cli_names_a_missing_script(cli, tmp_path):
     missing = tmp_path / "nope.py"
     res = CliRunner().invoke(cli, ["-n", "2", str(missing)])
@@ -324,11 +339,13 @@ def test_cli_names_a_missing_script(cli, tmp_path):
     assert "no such file" in res.output and "nope.py" in res.output
 
 
+@pytest.mark.unit
 def test_cli_rejects_an_unknown_backend(cli, tmp_path):
     res = CliRunner().invoke(cli, ["-n", "2", "--backend", "tcp", "x.py"])
     assert res.exit_code == 2 and "tcp" in res.output
 
 
+@pytest.mark.unit
 def test_cli_reports_a_bad_master_addr(cli, tmp_path):
     script = write(tmp_path, "pass")
     res = CliRunner().invoke(cli, ["-n", "1", "--master-addr", "192.0.2.1",
@@ -336,6 +353,7 @@ def test_cli_reports_a_bad_master_addr(cli, tmp_path):
     assert res.exit_code == 1 and "192.0.2.1" in res.output
 
 
+@pytest.mark.unit
 def test_cli_passes_options_and_arguments(cli, tmp_path, monkeypatch):
     calls = []
     monkeypatch.setattr("spmd.cli.run.launch",

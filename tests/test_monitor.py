@@ -14,6 +14,7 @@ def fps(*calls):
             for i, (name, root, op, dtype, shape) in enumerate(calls)]
 
 
+@pytest.mark.unit
 def test_matching_fingerprints_pass_and_gathers_may_differ_in_dim0():
     same = fps(("all_reduce", None, "sum", "float32", (4,)), ("all_reduce", None, "sum", "float32", (4,)))
     assert fingerprint_mismatch(same) is None
@@ -21,6 +22,7 @@ def test_matching_fingerprints_pass_and_gathers_may_differ_in_dim0():
     assert fingerprint_mismatch(gathers) is None
 
 
+@pytest.mark.unit
 def test_equal_gathers_must_agree_on_the_whole_shape():
     equal = fps(("all_gather", None, "equal", "float32", (3, 2)), ("all_gather", None, "equal", "float32", (5, 2)))
     assert "(3, 2)" in fingerprint_mismatch(equal) and "(5, 2)" in fingerprint_mismatch(equal)
@@ -28,6 +30,7 @@ def test_equal_gathers_must_agree_on_the_whole_shape():
     assert "op=equal" in fingerprint_mismatch(mixed)
 
 
+@pytest.mark.unit
 def test_mismatch_lists_every_rank_and_where():
     message = fingerprint_mismatch(fps(("broadcast", 0, None, "float64", (8,)),
                                        ("all_reduce", None, "sum", "float64", (8,))))
@@ -39,6 +42,7 @@ def test_mismatch_lists_every_rank_and_where():
     assert "(3,)" in shapes and "(4,)" in shapes
 
 
+@pytest.mark.unit
 def test_ring_keeps_the_last_calls_cheaply():
     mon = Monitor()
     x = np.zeros((2, 3), dtype=np.float32)
@@ -48,6 +52,7 @@ def test_ring_keeps_the_last_calls_cheaply():
     assert mon.recent().startswith("#3 all_reduce op=sum float32 (2, 3)")
 
 
+@pytest.mark.unit
 def test_the_timeout_watcher_never_owns_the_communicator():
     """Its daemon thread must not free the communicator's tensors at interpreter teardown."""
     import gc
@@ -69,6 +74,7 @@ def test_the_timeout_watcher_never_owns_the_communicator():
     assert not watcher._thread.is_alive()
 
 
+@pytest.mark.unit
 def test_summary_uses_nccl_tests_bus_factors():
     events = [{"name": "all_reduce", "bytes": 1000, "dur": 1.0, "seq": 1, "ts": 0.0},
               {"name": "broadcast", "bytes": 1000, "dur": 1.0, "seq": 2, "ts": 0.0}]
@@ -79,6 +85,7 @@ def test_summary_uses_nccl_tests_bus_factors():
     assert {e["pid"] for e in trace["traceEvents"]} == {0, 1}
 
 
+@pytest.mark.launcher
 @pytest.mark.timeout(120)
 @pytest.mark.skipif(MPIRUN is None, reason="mpirun not found")
 def test_a_traced_job_writes_one_merged_trace(tmp_path):

@@ -4,7 +4,11 @@ MPI runs in a child process (a singleton world of one), so this test
 process never initialises MPI itself.
 """
 
+import pytest
+
 from conftest import PY, run
+
+pytestmark = pytest.mark.unit
 
 CHECK = r"""
 import numpy as np, torch

@@ -18,6 +18,8 @@ import pytest
 
 from conftest import MPIRUN, PY, REPO, WORLDS, assert_world, checks_passed, clean_env, run, start
 
+pytestmark = pytest.mark.launcher
+
 MAKE_ENV = REPO / "tests" / "tools" / "make_openmpi_env.sh"
 MAKE_TIMEOUT = 900  # a full install (torch included) took 75 s here; reuse takes ~15 s
 ROOT_OK = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}

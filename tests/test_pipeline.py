@@ -37,6 +37,7 @@ def table():
     return SyntheticTable(3001, 16, seed=5).read(0, 3001)
 
 
+@pytest.mark.unit
 def test_plain_call_returns_results_in_order_with_counts_and_checksums(table):
     result = pipeline(lambda block: block[:, :3] * 2, table)
     assert np.array_equal(result.output, table[:, :3] * 2)
@@ -54,6 +55,7 @@ def test_plain_call_returns_results_in_order_with_counts_and_checksums(table):
         assert words in text
 
 
+@pytest.mark.unit
 def test_chunked_output_file_is_identical_and_progress_reported(table, tmp_path):
     whole = pipeline(lambda b: b + 1, table, output=tmp_path / "whole.npy")
     seen = []
@@ -67,6 +69,7 @@ def test_chunked_output_file_is_identical_and_progress_reported(table, tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["chunked.npy", "whole.npy"]  # no leftovers
 
 
+@pytest.mark.unit
 def test_callable_output_gets_start_rows(table):
     got = []
     result = pipeline(lambda b: b[:, 0], table, output=lambda start, block: got.append((start, len(block))),
@@ -74,6 +77,7 @@ def test_callable_output_gets_start_rows(table):
     assert got == [(0, 2000), (2000, 1001)] and result.output is None
 
 
+@pytest.mark.unit
 def test_sources_npy_shards_csv_and_callable(table, tmp_path):
     np.save(tmp_path / "t.npy", table)
     shards = tmp_path / "shards"
@@ -94,6 +98,7 @@ def test_sources_npy_shards_csv_and_callable(table, tmp_path):
     assert from_csv.dtype == np.float64 and np.array_equal(from_csv.astype(np.float32), table)
 
 
+@pytest.mark.unit
 def test_synthetic_ranges_do_not_depend_on_how_the_table_is_cut():
     src = SyntheticTable(70000, 5, seed=9)
     whole = src.read(0, 70000)
@@ -103,6 +108,7 @@ def test_synthetic_ranges_do_not_depend_on_how_the_table_is_cut():
     assert not np.array_equal(SyntheticTable(10, 5, seed=10).read(0, 10), whole[:10])
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("name", ["mlp", "standardize", "copy"])
 def test_tasks_give_the_same_bits_however_rows_are_batched(name, table):
     task = tasks.get(name)
@@ -118,6 +124,7 @@ def test_tasks_give_the_same_bits_however_rows_are_batched(name, table):
     assert np.array_equal(again(table), ref)
 
 
+@pytest.mark.unit
 def test_column_stats_are_global_and_independent_of_reading():
     src = SyntheticTable(200_003, 3, seed=1)
     mean, std = tasks.column_stats(src)
@@ -127,6 +134,7 @@ def test_column_stats_are_global_and_independent_of_reading():
     assert all(np.array_equal(x, y) for x, y in zip(tasks.column_stats(ArraySource(direct)), (mean, std)))
 
 
+@pytest.mark.unit
 def test_build_reads_features_and_stats_from_the_source(table):
     fn = tasks.build("standardize", table, seed=0)
     stats = tasks.column_stats(ArraySource(table))
@@ -135,6 +143,7 @@ def test_build_reads_features_and_stats_from_the_source(table):
     assert out.shape == (3001, 8) and abs(out.mean()) < 0.1
 
 
+@pytest.mark.unit
 def test_verify_catches_a_function_that_depends_on_batching(table):
     ok = pipeline(tasks.get("mlp").make(16, 0, None), table, chunk_rows=1000, verify=True)
     assert ok.verified is True and ok.mismatched_rows == 0 and "identical" in ok.summary()
@@ -149,12 +158,14 @@ def test_verify_catches_a_function_that_depends_on_batching(table):
     assert "FAILED" in bad.summary()
 
 
+@pytest.mark.unit
 def test_tensor_results_are_accepted(table):
     torch = pytest.importorskip("torch")
     result = pipeline(lambda b: torch.from_numpy(b).double().sum(1, keepdim=True), table)
     assert result.dtype == "float64" and result.row_shape == (1,)
 
 
+@pytest.mark.unit
 def test_no_rows_gives_an_empty_output_of_the_right_shape(tmp_path):
     fn = tasks.get("standardize").make(4, 0, (np.zeros(4), np.ones(4)))
     result = pipeline(fn, np.zeros((0, 4), np.float32), output=tmp_path / "e.npy")
@@ -162,6 +173,7 @@ def test_no_rows_gives_an_empty_output_of_the_right_shape(tmp_path):
     assert np.load(tmp_path / "e.npy").shape == (0, 8)
 
 
+@pytest.mark.unit
 def test_errors_are_pipeline_errors_with_the_reason(table, tmp_path):
     with pytest.raises(PipelineError, match="one row per input row"):
         pipeline(lambda b: b[:1], table)
@@ -199,6 +211,7 @@ def test_errors_are_pipeline_errors_with_the_reason(table, tmp_path):
     assert not list(tmp_path.glob(".*.tmp"))
 
 
+@pytest.mark.unit
 def test_importing_spmd_pipeline_and_tasks_does_not_import_torch():
     code = "import sys, spmd, spmd.pipeline, spmd.tasks; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], env=clean_env(), cwd=REPO,
@@ -240,6 +253,7 @@ for i, (fn, output) in enumerate(cases):
 '''
 
 
+@pytest.mark.launcher
 @pytest.mark.timeout(120)
 def test_a_users_pipeline_at_size_3_and_errors_raised_alike_on_every_rank(tmp_path):
     from conftest import MPIRUN, PY, run

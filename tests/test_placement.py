@@ -11,6 +11,8 @@ import pytest
 from spmd.errors import PlacementError
 from spmd.placement import LAUNCHERS, MPI_LAUNCHERS, Placement, check_mpi_world, detect
 
+pytestmark = pytest.mark.unit
+
 NODE = "derived: rank // local_size (assumes ranks fill nodes in order)"
 NODES = "derived: size // local_size"
 ONE = "assumed: one node (no variable gives it)"

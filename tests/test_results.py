@@ -6,6 +6,8 @@ import torch
 
 from spmd.comms.results import MIN_ITEMS, PER_SHAPE, Results, limit_from
 
+pytestmark = pytest.mark.unit
+
 N = MIN_ITEMS  # items: just large enough to be kept
 KEY = ("numpy", "float64", (N,))
 

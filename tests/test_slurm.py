@@ -21,6 +21,8 @@ from conftest import PY, REPO, clean_env, finish, run, start
 from slurm_cluster import SlurmCluster, SlurmUnavailable
 from spmd.submit import sbatch as slurm
 
+pytestmark = pytest.mark.slurm
+
 SUBMIT = REPO / "bin" / "submit"
 SCATTER_GATHER = REPO / "jobs" / "scatter_gather.py"
 ROWS = 3000

@@ -27,6 +27,8 @@ from spmd.submit import sbatch as slurm
 from spmd.submit.batch import directive, render
 from spmd.submit.options import SubmitError, make, time_seconds
 
+pytestmark = pytest.mark.unit
+
 GOLDEN = Path(__file__).parent / "golden"
 BASE = {"script": "jobs/scatter_gather.py", "python": "/opt/venv/bin/python",
         "chdir": "/home/me/project", "mpirun": "/opt/venv/bin/mpirun"}

@@ -174,6 +174,7 @@ def grads(model):
 # -- buckets ----------------------------------------------------------------------
 
 
+@pytest.mark.unit
 def test_plan_buckets_fills_up_to_the_limit_and_never_splits():
     t = [torch.zeros(100) for _ in range(5)]  # 400 bytes each
     assert plan_buckets(t, 800) == [[0, 1], [2, 3], [4]]
@@ -183,6 +184,7 @@ def test_plan_buckets_fills_up_to_the_limit_and_never_splits():
     assert plan_buckets(big, 100) == [[0], [1], [2]]  # the big one alone, whole
 
 
+@pytest.mark.unit
 def test_plan_buckets_keeps_dtypes_apart():
     t = [torch.zeros(10), torch.zeros(10, dtype=torch.float64), torch.zeros(10), torch.zeros(10, dtype=torch.float64)]
     assert plan_buckets(t, 1000) == [[0, 2], [1, 3]]
@@ -190,6 +192,7 @@ def test_plan_buckets_keeps_dtypes_apart():
         plan_buckets(t, 0)
 
 
+@pytest.mark.unit
 def test_buckets_hold_every_trainable_parameter_once_in_reverse_order():
     model = Branchy()
     dp = DataParallel(model, SerialComm(), bucket_mb=100 / 2**20)  # ~100 bytes
@@ -202,6 +205,7 @@ def test_buckets_hold_every_trainable_parameter_once_in_reverse_order():
     assert len(dp.buckets) > 3
 
 
+@pytest.mark.unit
 def test_one_all_reduce_per_bucket_plus_the_used_map():
     base = Branchy()
 
@@ -222,6 +226,7 @@ def test_one_all_reduce_per_bucket_plus_the_used_map():
 # -- averaging ----------------------------------------------------------------------
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("overlap", [False, True])
 @pytest.mark.parametrize("accum", [1, 2])
 def test_gradients_are_the_full_batch_mean_on_every_rank(overlap, accum):
@@ -260,6 +265,7 @@ def test_gradients_are_the_full_batch_mean_on_every_rank(overlap, accum):
     assert len(world.calls[0]) == out[0][2] + 1 and out[0][2] > 1
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("overlap", [False, True])
 def test_a_parameter_unused_on_some_ranks_counts_as_zeros(overlap):
     base = Branchy()
@@ -286,6 +292,7 @@ def test_a_parameter_unused_on_some_ranks_counts_as_zeros(overlap):
                 torch.testing.assert_close(g[name], want, rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.unit
 def test_frozen_parameters_are_broadcast_not_reduced():
     base = Branchy()
 
@@ -300,6 +307,7 @@ def test_frozen_parameters_are_broadcast_not_reduced():
     assert torch.equal(out[1], torch.ones_like(out[1]))
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("compress, wire", [("fp16", torch.float16), ("bf16", torch.bfloat16)])
 def test_compression_sends_half_precision_and_stays_close(compress, wire):
     base = Branchy()
@@ -321,6 +329,7 @@ def test_compression_sends_half_precision_and_stays_close(compress, wire):
             assert torch.equal(out[0][name], out[1][name])
 
 
+@pytest.mark.unit
 def test_a_second_backward_before_synchronize_is_an_error():
     base = Branchy()
 
@@ -336,6 +345,7 @@ def test_a_second_backward_before_synchronize_is_an_error():
         assert isinstance(e, RuntimeError) and "no_sync" in str(e), e
 
 
+@pytest.mark.unit
 def test_models_that_differ_between_ranks_are_refused_on_every_rank():
     def rank(comm):
         model = Branchy() if comm.rank == 0 else nn.Linear(4, 3)
@@ -345,6 +355,7 @@ def test_models_that_differ_between_ranks_are_refused_on_every_rank():
         assert isinstance(e, ValueError) and "differs between ranks" in str(e), e
 
 
+@pytest.mark.unit
 def test_serial_accumulation_averages_micro_batches():
     base = Branchy()
     x, y = data(8)
@@ -361,6 +372,7 @@ def test_serial_accumulation_averages_micro_batches():
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.unit
 def test_arguments_are_checked():
     with pytest.raises(ValueError, match="compress"):
         DataParallel(Branchy(), SerialComm(), compress="int8")
@@ -373,6 +385,7 @@ def test_arguments_are_checked():
 # -- metrics and checkpoints --------------------------------------------------------------
 
 
+@pytest.mark.unit
 def test_gather_metrics():
     (out, _) = ok(run_ranks(3, lambda c: gather_metrics({"loss": c.rank, "n": 1}, c)))
     assert out == [{"loss": [0.0, 1.0, 2.0], "n": [1.0, 1.0, 1.0]}, None, None]
@@ -380,6 +393,7 @@ def test_gather_metrics():
     assert isinstance(errors[0], ValueError) and "same names" in str(errors[0])
 
 
+@pytest.mark.unit
 def test_atomic_save_replaces_whole_files_only(tmp_path, monkeypatch):
     path = tmp_path / "ck.pt"
     atomic_save({"step": 1}, path)
@@ -397,6 +411,7 @@ def test_atomic_save_replaces_whole_files_only(tmp_path, monkeypatch):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ck.pt"]
 
 
+@pytest.mark.unit
 def test_checkpoints_are_written_and_read_by_root_only(tmp_path):
     path = tmp_path / "ck.pt"
 
@@ -411,6 +426,7 @@ def test_checkpoints_are_written_and_read_by_root_only(tmp_path):
         assert torch.equal(state["w"], torch.arange(3))
 
 
+@pytest.mark.unit
 def test_a_missing_checkpoint_fails_on_every_rank(tmp_path):
     missing = tmp_path / "nope.pt"
     errors = run_ranks(2, lambda c: load_checkpoint(missing, c))[1]
@@ -421,6 +437,7 @@ def test_a_missing_checkpoint_fails_on_every_rank(tmp_path):
 # -- the job's data ----------------------------------------------------------------------
 
 
+@pytest.mark.unit
 def test_each_rank_takes_its_slice_of_the_global_batch():
     whole = job.make_batch(3, 7, 16)
     parts = [m for r in range(2) for m in job.rank_batches(3, 7, 16, r, 2, accum_steps=2)]
@@ -506,6 +523,7 @@ FP32_ABS, FP32_REL = 1e-5, 1e-4
 NO_MPI = pytest.mark.skipif(MPIRUN is None, reason="mpirun not found: pip install mpich")
 
 
+@pytest.mark.launcher
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("name", ["gloo2", pytest.param("mpi4-accum2-overlap", marks=NO_MPI)])
 def test_every_size_trains_like_one_process_on_the_global_batch(trained, name):
@@ -516,6 +534,7 @@ def test_every_size_trains_like_one_process_on_the_global_batch(trained, name):
     assert "step     3/6  loss" in out and "step     6/6  loss" in out and "samples/s" in out
 
 
+@pytest.mark.launcher
 @pytest.mark.timeout(400)
 def test_bf16_compression_stays_close(trained):
     _, serial, _ = trained("serial")
@@ -526,6 +545,7 @@ def test_bf16_compression_stays_close(trained):
     assert "compress bf16" in out
 
 
+@pytest.mark.launcher
 @pytest.mark.timeout(400)
 def test_agrees_with_torch_ddp_on_gloo(trained, tmp_path):
     _, ours, _ = trained("gloo2")
@@ -541,6 +561,7 @@ def test_agrees_with_torch_ddp_on_gloo(trained, tmp_path):
     assert not different, (different, drift(ours, ddp))
 
 
+@pytest.mark.launcher
 @pytest.mark.timeout(400)
 def test_checkpoints_are_atomic_and_resume_continues_identically(trained):
     out, full, folder = trained("gloo2")

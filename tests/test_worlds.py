@@ -12,7 +12,7 @@ from conftest import MPIRUN, PY, WORLDS, assert_world, clean_env, finish, run, s
 
 CHECK = WORLDS / "check_comm.py"
 
-pytestmark = pytest.mark.skipif(MPIRUN is None, reason="mpirun not found: pip install mpich")
+pytestmark = [pytest.mark.launcher, pytest.mark.skipif(MPIRUN is None, reason="mpirun not found: pip install mpich")]
 
 
 @pytest.mark.timeout(60)
