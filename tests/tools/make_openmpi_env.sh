@@ -44,17 +44,23 @@ exec 9<"$(dirname "$DEST")"
 flock 9
 
 # Exit 0 when DEST's python has Open MPI's mpi4py, the deps, and this repository's spmd.
+# probe quick: the deps need only be found (importing torch costs seconds; bin/test runs
+# this script before every session); probe full: they are imported, as after a build.
 probe() {
     [[ -x "$DEST/bin/mpirun" && -x "$DEST/bin/python" ]] || return 1
-    "$DEST/bin/python" - "$DEST" "$REPO" <<'EOF'
-import os, sys
+    "$DEST/bin/python" - "$DEST" "$REPO" "$1" <<'EOF'
+import importlib, importlib.util, os, sys
 dest, repo = (os.path.realpath(p) for p in sys.argv[1:3])
 import mpi4py
 mpi4py.rc.initialize = False  # ask which library, without starting MPI
 from mpi4py import MPI
 assert os.path.realpath(mpi4py.__file__).startswith(dest + os.sep), ("mpi4py not DEST's", mpi4py.__file__)
 assert MPI.get_vendor()[0] == "Open MPI", ("mpi4py does not use Open MPI", MPI.get_vendor())
-import click, hostlist, numpy, torch
+for name in ("click", "hostlist", "numpy", "torch"):
+    if sys.argv[3] == "full":
+        importlib.import_module(name)
+    else:
+        assert importlib.util.find_spec(name), (name, "not found")
 import spmd
 assert os.path.realpath(spmd.__file__).startswith(repo + os.sep), ("spmd not from", repo, spmd.__file__)
 EOF
@@ -66,7 +72,7 @@ done_msg() {
 }
 
 # The probe runs without PYTHONPATH so that spmd must come from DEST's own .pth.
-if [[ -e "$DEST" ]] && PYTHONPATH= probe >/dev/null 2>&1; then
+if [[ -e "$DEST" ]] && PYTHONPATH= probe quick >/dev/null 2>&1; then
     say "reusing $DEST"
     done_msg
     exit 0
@@ -131,7 +137,7 @@ fi
 SITEPKG="$("$DEST/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 echo "$REPO" >"$SITEPKG/spmd-repo.pth"
 
-if ! PYTHONPATH= probe; then
+if ! PYTHONPATH= probe full; then
     say "the new environment at $DEST fails its probe (above)"
     exit 1
 fi
