@@ -11,6 +11,7 @@ import os
 import sys
 
 from .errors import BackendError
+from .settings import BACKENDS, parse_backend  # BACKENDS: the one list of names
 
 __all__ = [
     "BACKENDS",
@@ -21,20 +22,10 @@ __all__ = [
     "shared_gpu_error",
 ]
 
-BACKENDS = ("auto", "gloo", "nccl", "mpi")
-
 
 def requested_backend(backend=None, environ=None):
     """Return the backend asked for by argument, else SPMD_BACKEND, else 'auto'."""
-    environ = os.environ if environ is None else environ
-    name = backend or environ.get("SPMD_BACKEND") or "auto"
-    name = name.strip().lower()
-    if name not in BACKENDS:
-        source = "backend argument" if backend else "SPMD_BACKEND"
-        raise BackendError(
-            f"unknown backend {name!r} (from {source}); expected one of {', '.join(BACKENDS)}"
-        )
-    return name
+    return parse_backend(os.environ if environ is None else environ, backend)
 
 
 def cuda_usable():

@@ -44,6 +44,8 @@ import threading
 import traceback
 from typing import Callable
 
+from .settings import parse_preempt_signal
+
 __all__ = ["on_preempt", "preempted", "any_preempted", "install", "signal_number", "reset"]
 
 _lock = threading.RLock()
@@ -51,17 +53,13 @@ _callbacks: list[Callable[[], object]] = []
 _state = {"flag": False, "signum": None, "previous": None}
 
 
-def signal_number(name: str | int | None = None) -> int:
-    """Return a signal's number from 'USR1', 'SIGUSR1' or '10' (default: SPMD_PREEMPT_SIGNAL, USR1)."""
-    text = str(name if name is not None else os.environ.get("SPMD_PREEMPT_SIGNAL") or "USR1").strip()
-    if text.isdigit():
-        return int(text)
-    key = text.upper() if text.upper().startswith("SIG") else "SIG" + text.upper()
-    value = signal.Signals.__members__.get(key)
-    if value is None:
-        raise ValueError(f"unknown signal {text!r} (SPMD_PREEMPT_SIGNAL or argument); use a name "
-                         "like USR1, SIGUSR2, TERM, or a number")
-    return int(value)
+def signal_number(name: str | int | None = None, environ=None) -> int:
+    """Return a signal's number from 'USR1', 'SIGUSR1' or '10' (default: SPMD_PREEMPT_SIGNAL, USR1).
+
+    environ (default os.environ) is read only when name is None.
+    """
+    number = parse_preempt_signal(os.environ if environ is None else environ, name)
+    return int(signal.SIGUSR1) if number is None else number
 
 
 def _run_callbacks(callbacks):

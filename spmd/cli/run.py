@@ -5,12 +5,11 @@ import sys
 
 import click
 
+from ..backends import BACKENDS
 from ..errors import RendezvousError
 from ..launch import launch
 
 __all__ = ["run"]
-
-BACKENDS = ("auto", "gloo", "nccl", "mpi")
 
 
 @click.command(context_settings={

@@ -35,7 +35,7 @@ import threading
 
 import numpy as np
 
-from ..units import parse_size
+from ..settings import parse_keep_results
 
 __all__ = ["Results", "POOL", "MIN_ITEMS", "PER_SHAPE"]
 
@@ -80,16 +80,8 @@ def limit_from(environ, local_size=1):
     The default is 1 GiB, and at most an eighth of the machine's memory
     shared by the local_size ranks on it.
     """
-    text = environ.get("SPMD_KEEP_RESULTS", "")
-    if text.strip() == "":
-        return _default_limit(local_size)
-    try:
-        return parse_size(text)
-    except ValueError:
-        raise ValueError(
-            f"SPMD_KEEP_RESULTS={text!r} is not a size: write bytes, or a number with K, M or G "
-            "(for example 512M), or 0 to make every result fresh"
-        ) from None
+    limit = parse_keep_results(environ)  # spmd.settings parses the variable, once for all
+    return _default_limit(local_size) if limit is None else limit
 
 
 class Results:

@@ -13,12 +13,12 @@ import re
 from dataclasses import dataclass, field, fields, replace
 from typing import Mapping
 
+from ..backends import BACKENDS
 from ..errors import SubmitError
 
 __all__ = ["SubmitOptions", "SubmitError", "make", "check", "time_seconds", "OPTION_NAMES",
            "BACKENDS", "LAUNCHERS", "MAIL_TYPES"]
 
-BACKENDS = ("auto", "gloo", "nccl", "mpi")
 LAUNCHERS = ("srun", "mpirun")
 MAIL_TYPES = ("NONE", "BEGIN", "END", "FAIL", "REQUEUE", "ALL", "INVALID_DEPEND", "STAGE_OUT",
               "TIME_LIMIT", "TIME_LIMIT_90", "TIME_LIMIT_80", "TIME_LIMIT_50", "ARRAY_TASKS")
