@@ -116,9 +116,14 @@ def _join(addr, port, size, timeout):
         ) from None
 
 
-def rendezvous(placement, timeout, mpi_comm=None, environ=None):
-    """Return (store, addr, port) for this rank, following the module's precedence."""
+def rendezvous(placement, settings, mpi_comm=None, environ=None):
+    """Return (store, addr, port) for this rank, following the module's precedence.
+
+    settings (spmd.settings.Settings) gives the timeout, SPMD_PORT and
+    SPMD_LISTEN_FD; environ (default os.environ) torchrun's agent-store variables.
+    """
     environ = os.environ if environ is None else environ
+    timeout = settings.timeout
     addr, port = placement.master_addr, placement.master_port
     if addr is not None:
         check_address(addr)
@@ -132,14 +137,13 @@ def rendezvous(placement, timeout, mpi_comm=None, environ=None):
         if mpi_comm is not None:
             return _publish_over_mpi(placement, mpi_comm, timeout, addr, port)
         if placement.rank == 0:
-            fd = environ.get("SPMD_LISTEN_FD")
-            return _serve(addr, port, placement.size, timeout, int(fd) if fd else None), addr, port
+            return _serve(addr, port, placement.size, timeout, settings.listen_fd), addr, port
         return _join(addr, port, placement.size, timeout), addr, port
     if mpi_comm is not None:
         return _publish_over_mpi(placement, mpi_comm, timeout, addr)
     if placement.launcher == "slurm" and placement.hosts:
         addr = addr or check_address(placement.hosts[0], "the first host of the SLURM node list")
-        port = port or int(environ.get("SPMD_PORT") or slurm_port(placement.job_id, placement.step_id))
+        port = port or settings.port or slurm_port(placement.job_id, placement.step_id)
         if placement.rank == 0:
             return _serve(addr, port, placement.size, timeout), addr, port
         return _join(addr, port, placement.size, timeout), addr, port

@@ -7,13 +7,12 @@ import threading
 import time
 
 from . import backends
-from .errors import BackendError
+from .errors import BackendError, SettingsError
 from .placement import check_mpi_vendor, check_mpi_world, detect
+from .settings import DEFAULT_TIMEOUT, Settings, parse_timeout
 
 __all__ = ["init", "finalize", "initialized", "abort_job", "DEFAULT_TIMEOUT"]
 
-#: Seconds init and every collective may wait for the other ranks.
-DEFAULT_TIMEOUT = 1800.0
 #: Seconds a failing rank waits between writing its traceback and MPI_Abort.
 ABORT_GRACE = 0.25
 
@@ -23,18 +22,8 @@ _guards = []  # watchdogs that live as long as the communicator
 
 
 def _timeout(timeout, environ):
-    value = timeout if timeout is not None else environ.get("SPMD_TIMEOUT")
-    if value is None or value == "":
-        return DEFAULT_TIMEOUT
-    if hasattr(value, "total_seconds"):
-        value = value.total_seconds()
-    try:
-        seconds = float(value)
-    except ValueError:
-        seconds = -1.0
-    if not seconds > 0:
-        raise ValueError(f"timeout must be a positive number of seconds, got {value!r}")
-    return seconds
+    """Return seconds from the timeout argument, else environ's SPMD_TIMEOUT, else 1800."""
+    return parse_timeout(environ, timeout)
 
 
 def _init_mpi_within(MPI, placement, seconds):
@@ -124,32 +113,24 @@ def _nccl_device(placement, store):
     return device
 
 
-def _flag(value, environ, name):
-    if value is not None:
-        return value
-    return environ.get(name, "").strip().lower() not in ("", "0", "false", "no", "off")
-
-
-def _monitor(debug, trace, environ, nccl):
+def _monitor(settings, nccl):
     from .monitor import Monitor
 
-    trace = trace if trace is not None else environ.get("SPMD_TRACE") or None
-    return Monitor(_flag(debug, environ, "SPMD_DEBUG"), trace, nvtx=nccl)
+    return Monitor(settings.debug, settings.trace, nvtx=nccl)
 
 
-def _start(backend, timeout, debug, trace, environ):
+def _start(settings, environ):
     """Start the communicator; return it and the guards that watch it."""
     placement = detect(environ)
-    seconds = _timeout(timeout, environ)
-    requested = backends.requested_backend(backend, environ)
+    seconds = settings.timeout
     if placement.size == 1:
         from .comms.serial import SerialComm
 
-        device = "cuda:0" if requested == "nccl" and backends.cuda_usable() else "cpu"
-        return SerialComm(placement, device, seconds, _monitor(debug, trace, environ, False)), []
+        device = "cuda:0" if settings.backend == "nccl" and backends.cuda_usable() else "cpu"
+        return SerialComm(placement, device, seconds, _monitor(settings, False)), []
     mpi_world = _mpi_world(placement, seconds) if placement.is_mpi else None
-    name = _choose(requested, placement, mpi_world, environ)
-    monitor = _monitor(debug, trace, environ, name == "nccl")
+    name = _choose(settings.backend, placement, mpi_world, environ)
+    monitor = _monitor(settings, name == "nccl")
     local = placement.num_nodes == 1
     torch_mpi = name == "mpi" and "torch" in sys.modules and _torch_has_mpi()
     if name == "mpi" and not torch_mpi:
@@ -166,7 +147,7 @@ def _start(backend, timeout, debug, trace, environ):
 
     store, device, guards = None, "cpu", []
     if not torch_mpi:  # torch's own MPI group meets through MPI itself
-        store, _, _ = rendezvous(placement, seconds, mpi_world, environ)
+        store, _, _ = rendezvous(placement, settings, mpi_world, environ)
         await_peers(store, placement.rank, placement.size, seconds)
     if name == "nccl":
         device = _nccl_device(placement, store)
@@ -203,10 +184,11 @@ def init(backend=None, timeout=None, debug=None, trace=None):
             # asked; without them MPI moves them up to 1.7x slower than numpy's.
             # Read at torch's first large allocation, so this is early enough.
             os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
-            from .comms.results import POOL, limit_from
+            # A bad setting fails here, on every rank, before any rank waits for another.
+            settings = Settings.parse(os.environ, backend, timeout, debug, trace)
+            _comm, _guards = _start(settings, os.environ)
+            from .comms.results import POOL
 
-            limit_from(os.environ)  # a bad SPMD_KEEP_RESULTS fails here, on every rank
-            _comm, _guards = _start(backend, timeout, debug, trace, os.environ)
             POOL.configure(os.environ, _comm.local_size)
             if _comm.size > 1:
                 _install_excepthook()
@@ -220,8 +202,8 @@ def init(backend=None, timeout=None, debug=None, trace=None):
                 f"spmd is already running on backend {_comm.backend!r}; call spmd.init(backend=...) "
                 "before the first use of comm, or spmd.finalize() first"
             )
-        if timeout is not None and _timeout(timeout, {}) != _comm.timeout:
-            raise ValueError(
+        if timeout is not None and parse_timeout({}, timeout) != _comm.timeout:
+            raise SettingsError(
                 f"spmd is already running with a timeout of {_comm.timeout:g} s; call "
                 "spmd.init(timeout=...) before the first use of comm, or set SPMD_TIMEOUT"
             )
