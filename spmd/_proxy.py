@@ -1,5 +1,7 @@
 """The global ``comm``: a stand-in that starts the runtime on first use."""
 
+from .runtime import init, initialized, on_finalize
+
 __all__ = ["comm"]
 
 
@@ -7,14 +9,13 @@ class _GlobalComm:
     """Forward to the runtime's communicator, starting it on first use.
 
     After the first lookup of a name its value is kept on the stand-in,
-    so later calls cost one attribute lookup, as on the real object.
+    so later calls cost one attribute lookup, as on the real object;
+    finalize makes it forget them.
     """
 
     def __getattr__(self, name):
         if name.startswith("__"):
             raise AttributeError(name)
-        from .runtime import init
-
         value = getattr(init(), name)
         if not name.startswith("_"):
             self.__dict__[name] = value
@@ -24,13 +25,10 @@ class _GlobalComm:
         self.__dict__.clear()
 
     def __repr__(self):
-        from .runtime import initialized
-
         if not initialized():
             return "<spmd.comm (not started; starts on first use)>"
-        from .runtime import init
-
         return repr(init())
 
 
 comm = _GlobalComm()
+on_finalize(comm._forget)

@@ -10,52 +10,19 @@ run, srun --kill-on-bad-exit, torchrun) turns into ending every rank.
 
 import os
 import runpy
-import socket
 import sys
-import time
-import traceback
 
-from .errors import is_peer_lost
+from .abort import PEER_GRACE, abort_job, report_failure  # noqa: F401 (PEER_GRACE: as before)
+from .abort import who as _who
+from .settings import parse_preempt_signal
 
 __all__ = ["run_script", "abort", "report_failure"]
 
 USAGE = "usage: python -m spmd [-m module | script.py] [args...]"
-PEER_GRACE = 3.0  # seconds
-
-
-def _who():
-    """Name this process: rank, size, host and pid, as far as known."""
-    from .runtime import init, initialized
-
-    if initialized():
-        comm = init()
-        who = f"rank {comm.rank} of {comm.size}"
-    else:
-        try:
-            from .placement import detect
-
-            p = detect()
-            who = f"rank {p.rank} of {p.size} (before init)"
-        except Exception:
-            who = "a rank (before init)"
-    return f"{who} on {socket.gethostname()} (pid {os.getpid()})"
-
-
-def report_failure(exc_type, exc, tb):
-    """Write a traceback headed by the failing rank, host and pid to stderr."""
-    if is_peer_lost(exc):
-        # Most likely another rank died (or timed out) inside this collective: give
-        # the hub a moment to say which, and to end this rank, before blaming this one.
-        time.sleep(PEER_GRACE)
-    text = "".join(traceback.format_exception(exc_type, exc, tb))
-    sys.stderr.write(f"### spmd: {_who()} failed:\n{text}")
-    sys.stderr.flush()
 
 
 def abort(code=1):
     """End this process and, where the launcher allows, the whole job, now."""
-    from .runtime import abort_job
-
     abort_job(code)
 
 
@@ -87,12 +54,13 @@ def run_script(argv):
             sys.exit(f"python -m spmd: cannot open {path!r}: no such file")
         sys.path[0] = os.path.dirname(os.path.abspath(path))
         target = lambda: runpy.run_path(path, run_name="__main__")
-    if os.environ.get("SPMD_PREEMPT_SIGNAL"):
+    signum = parse_preempt_signal(os.environ)
+    if signum is not None:
         # A batch file asked for a warning signal before the time limit:
         # catch it, so that it calls the job's hooks instead of ending it.
         from .preempt import install
 
-        install()
+        install(signum)
     try:
         target()
     except SystemExit as exc:

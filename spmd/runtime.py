@@ -1,4 +1,11 @@
-"""The process-wide communicator: started once by init, ended by finalize."""
+"""The process-wide communicator: started once by init, ended by finalize.
+
+init reads in one direction: the settings (its arguments and the SPMD_*
+variables, parsed once), then the placement (where the launcher put this
+rank), then the rendezvous and the backend's communicator, then the guards
+that watch it (the hub, the MPI timeout).  What an abort needs to know of
+the running communicator is registered with spmd.abort.
+"""
 
 import atexit
 import os
@@ -6,19 +13,18 @@ import sys
 import threading
 import time
 
-from . import backends
+from . import abort, backends
+from .abort import ABORT_GRACE, abort_job  # noqa: F401 (also spmd.runtime's, as before)
 from .errors import BackendError, SettingsError
 from .placement import check_mpi_vendor, check_mpi_world, detect
 from .settings import DEFAULT_TIMEOUT, Settings, parse_timeout
 
-__all__ = ["init", "finalize", "initialized", "abort_job", "DEFAULT_TIMEOUT"]
-
-#: Seconds a failing rank waits between writing its traceback and MPI_Abort.
-ABORT_GRACE = 0.25
+__all__ = ["init", "finalize", "initialized", "on_finalize", "abort_job", "DEFAULT_TIMEOUT"]
 
 _lock = threading.RLock()
 _comm = None
 _guards = []  # watchdogs that live as long as the communicator
+_finalizers = []  # called at every finalize: caches of the communicator that just ended
 
 
 def _timeout(timeout, environ):
@@ -159,6 +165,16 @@ def _start(settings, environ):
     return comm, guards
 
 
+def _register_abort(comm, guards):
+    """Tell spmd.abort this communicator's rank and size, and how its hub warns the others."""
+    tell = []
+    if guards:
+        from .watchdog import Hub
+
+        tell = [guard.fail for guard in guards if isinstance(guard, Hub)]
+    abort.register(comm.rank, comm.size, tell)
+
+
 def _torch_has_mpi():
     import torch.distributed as dist
 
@@ -187,6 +203,7 @@ def init(backend=None, timeout=None, debug=None, trace=None):
             # A bad setting fails here, on every rank, before any rank waits for another.
             settings = Settings.parse(os.environ, backend, timeout, debug, trace)
             _comm, _guards = _start(settings, os.environ)
+            _register_abort(_comm, _guards)
             from .comms.results import POOL
 
             POOL.configure(os.environ, _comm.local_size)
@@ -217,31 +234,16 @@ def _install_excepthook():
     def hook(exc_type, exc, tb):
         if issubclass(exc_type, KeyboardInterrupt):
             return previous(exc_type, exc, tb)
-        from .runner import report_failure
-
-        report_failure(exc_type, exc, tb)
+        abort.report_failure(exc_type, exc, tb)
         abort_job(1)
 
     sys.excepthook = hook
 
 
-def abort_job(code=1):
-    """End this process now and make every other rank end too."""
-    from .watchdog import Hub, exit_now
-
-    mpi = sys.modules.get("mpi4py.MPI")
-    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
-        sys.stdout.flush()
-        sys.stderr.flush()
-        # MPICH's mpirun kills every rank as soon as it hears of the abort, and
-        # under load it has dropped output it had not yet forwarded, this
-        # rank's traceback included: give its forwarding a moment first.
-        time.sleep(ABORT_GRACE)
-        mpi.COMM_WORLD.Abort(code)  # the launcher ends every rank, with this code
-    for guard in _guards:
-        if isinstance(guard, Hub):
-            guard.fail()
-    exit_now(code)
+def on_finalize(fn):
+    """Call fn() at every finalize, as the communicator ends (the global comm forgets it); return fn."""
+    _finalizers.append(fn)
+    return fn
 
 
 def initialized():
@@ -257,9 +259,9 @@ def finalize():
             return
         comm, guards = _comm, _guards
         _comm, _guards = None, []
-        from . import _proxy
-
-        _proxy.comm._forget()
+        abort.unregister()
+        for forget in _finalizers:
+            forget()
         try:
             _report_trace(comm)
             # Collective, like MPI_Finalize: nobody leaves while a peer still

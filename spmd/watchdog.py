@@ -10,28 +10,15 @@ the collective in progress and, past the timeout, prints which collective
 this rank was waiting in and aborts the job.
 """
 
-import os
 import selectors
 import socket
 import sys
 import threading
 import time
 
+from .abort import PEER_EXIT, abort_job, exit_now  # PEER_EXIT, exit_now: also spmd.watchdog's, as before
+
 __all__ = ["Hub", "MpiTimeout", "exit_now", "store_share", "PEER_EXIT"]
-
-#: Exit status of a rank ended because another rank failed.
-PEER_EXIT = 75
-
-
-def exit_now(code, message=None):
-    """Print message (if any) and end this process at once, from any thread."""
-    if message:
-        sys.stderr.write(message.rstrip("\n") + "\n")
-    try:
-        sys.stdout.flush()
-        sys.stderr.flush()
-    finally:
-        os._exit(code)
 
 
 class Hub:
@@ -190,8 +177,6 @@ class MpiTimeout:
                     self._expire(mon, busy, name)
 
     def _expire(self, mon, seq, name):
-        from .runtime import abort_job
-
         sys.stderr.write(
             f"### spmd: rank {self.rank} of {self.size}: {name} (call #{seq}) timed "
             f"out after {self.timeout:g} s waiting for the other ranks (mpi backend; which "
