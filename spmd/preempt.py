@@ -44,6 +44,7 @@ import threading
 import traceback
 from typing import Callable
 
+from .errors import SettingsError
 from .settings import parse_preempt_signal
 
 __all__ = ["on_preempt", "preempted", "any_preempted", "install", "signal_number", "reset"]
@@ -87,8 +88,8 @@ def install(sig: str | int | None = None) -> int:
     """Install the handler (once) for sig (default SPMD_PREEMPT_SIGNAL or USR1); return its number.
 
     Without sig, an installed handler is kept, whatever its signal.  Raise
-    ValueError when called outside the main thread, or with a sig other than
-    the one already installed.
+    SettingsError (a ValueError) when called outside the main thread, or with
+    a sig other than the one already installed.
     """
     if sig is None and _state["signum"] is not None:
         return _state["signum"]  # already installed: whichever signal that was
@@ -96,12 +97,12 @@ def install(sig: str | int | None = None) -> int:
     with _lock:
         if _state["signum"] is not None:
             if _state["signum"] != signum:
-                raise ValueError(f"spmd.preempt already handles signal {_state['signum']}, "
-                                 f"not {signum}; call reset() first")
+                raise SettingsError(f"spmd.preempt already handles signal {_state['signum']}, "
+                                    f"not {signum}; call reset() first")
             return signum
         if threading.current_thread() is not threading.main_thread():
-            raise ValueError("spmd.preempt.install must run in the main thread (Python "
-                             "signal handlers can only be set there)")
+            raise SettingsError("spmd.preempt.install must run in the main thread (Python "
+                                "signal handlers can only be set there)")
         _state["previous"] = signal.signal(signum, _handler)
         _state["signum"] = signum
     return signum

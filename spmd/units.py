@@ -2,6 +2,8 @@
 
 import re
 
+from .errors import SettingsError
+
 __all__ = ["parse_size", "format_size"]
 
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20,
@@ -9,11 +11,11 @@ _UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 
 
 
 def parse_size(text):
-    """Return the bytes in '8', '4K', '1MiB', '256M' (binary units)."""
+    """Return the bytes in '8', '4K', '1MiB', '256M' (binary units); else raise SettingsError (a ValueError)."""
     m = re.fullmatch(r"\s*(\d+)\s*([A-Za-z]*)\s*", str(text))
     unit = m and m.group(2).upper()
     if not m or unit not in _UNITS:
-        raise ValueError(f"not a size: {text!r}; write bytes, or a number with K, M or G (binary)")
+        raise SettingsError(f"not a size: {text!r}; write bytes, or a number with K, M or G (binary)")
     return int(m.group(1)) * _UNITS[unit]
 
 
