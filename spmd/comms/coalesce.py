@@ -11,7 +11,7 @@ import sys
 import numpy as np
 
 from .arrays import check_op
-from .base import Handle
+from .handle import Handle
 
 __all__ = ["all_reduce_many", "all_reduce_chunked", "nbytes"]
 
