@@ -1,11 +1,66 @@
-"""The communicator interface: argument checks once, then a backend hook.
+"""The communicator interface, and the contract every backend implements.
 
-Every public collective validates its arguments here and calls a
-``_name`` hook that each backend implements.  A hook given
-``async_op=False`` does the work and returns the result; given
-``async_op=True`` it returns a :class:`Handle` whose ``wait()`` gives
-the result.
+Every public method lives here, and only here; a backend never overrides
+one.  A call goes through three steps:
+
+1. **Checks, once.**  The public method checks its arguments and raises
+   :class:`~spmd.errors.CollectiveError` naming the problem and the fix.
+2. **The direct hook.**  A blocking call with debug and trace off is
+   first offered to the backend's ``_direct_<name>`` hook, which may take
+   it by address (no views, copies or closures).  It returns
+   ``(fn, args)``, where ``fn(*args)`` runs the collective and returns
+   the call's result, or ``None`` to decline.  Direct hooks get ``x``
+   and ``out`` *unchecked* (they must decline anything but the plain
+   contiguous arrays they move), ``root`` checked, and ``op`` as the
+   caller spelled it (decline a name you do not know).
+3. **The general hook.**  Otherwise the call goes to ``_<name>``.
+
+Either way the hook runs through :meth:`Comm._call`, the one place that
+numbers the call, keeps its fingerprint, runs debug mode's cross-rank
+check and the trace, and turns a backend's timeout into
+:class:`~spmd.errors.CollectiveTimeout`.  Scatter and the gathers first
+exchange array descriptions (``_allgather_ints``, ``_broadcast_ints``)
+through :meth:`Comm._describing`, which the timeout sees as part of the
+call.
+
+The general hooks' convention (what is true when a hook is called):
+
+- arguments come in one order: the data (``x``; scatter's ``parts`` and
+  ``whole``; the gathers' ``lengths``), then ``root``, ``op``, ``out``,
+  and ``async_op`` last;
+- ``x`` is a torch tensor or numpy array on this backend's device
+  (``_check_device``), possibly non-contiguous, of any dtype;
+- ``root`` is an int in ``range(size)``; ``op`` is one of
+  ``arrays.OPS`` and suits x's dtype ("avg" only for floating types);
+- ``lengths`` is every rank's length along dim 0 (rows of one dtype and
+  trailing shape: checked across ranks); scatter's ``layout`` is a
+  :class:`Layout` of the chunk every rank receives;
+- ``out`` is ``None`` or a contiguous array of the result's kind, dtype
+  and shape (checked): the result must land in it;
+- with ``async_op=False`` a hook returns the result; with ``async_op=True``
+  it returns a :class:`~spmd.comms.handle.Handle` whose ``wait()`` gives
+  it (``Done(result)`` if the work is already over).
+
+Results: broadcast, reduce and all_reduce work in place and return
+``x``; scatter returns this rank's chunk (of the root's kind: numpy or
+torch); gather returns the list of every rank's rows on root and ``None``
+elsewhere; all_gather the list everywhere.
+
+**Writing a backend.**  One file in ``spmd/comms/``: subclass
+:class:`Comm`, set ``backend``, call ``Comm.__init__(rank, size,
+placement, device, timeout, monitor)``, and implement every method
+marked abstract below.  Optionally override the direct hooks (fast
+paths), ``_check_device`` (where arrays must live), ``_mover``
+(coalesced all_reduce), ``_close`` (release at finalize) and
+``_note_stuck``/``_peers_report`` (timeout reports).  Then teach
+``spmd.runtime`` to start it, add its name to ``spmd.backends.BACKENDS``,
+and add it to the conformance suite (``tests/test_conformance.py``) if
+it can run in one process.  :mod:`spmd.comms.serial` is the smallest
+example.
 """
+
+import abc
+from typing import NamedTuple
 
 import numpy as np
 
@@ -13,47 +68,21 @@ from ..errors import CollectiveError, is_peer_lost
 from ..monitor import Monitor
 from . import meta
 from .arrays import check_array, check_op, dtype_name, split_sizes
+from .handle import Done, Handle
 
-__all__ = ["Comm", "Handle", "Done"]
-
-
-class Handle:
-    """A collective in flight; ``wait()`` returns its result."""
-
-    __slots__ = ("_wait", "_test", "_finish", "_done", "_result")
-
-    def __init__(self, wait, test, finish):
-        self._wait, self._test, self._finish = wait, test, finish
-        self._done, self._result = False, None
-
-    def wait(self):
-        """Block until the collective is complete and return its result."""
-        if not self._done:
-            self._wait()
-            self._done = True
-            self._result = self._finish()
-        return self._result
-
-    def is_completed(self):
-        """Tell, without blocking, whether the collective has completed."""
-        if not self._done and self._test():
-            self.wait()
-        return self._done
-
-    def __repr__(self):
-        return f"<Handle {'done' if self._done else 'pending'}>"
+__all__ = ["Comm", "Handle", "Done", "Layout"]
 
 
-class Done(Handle):
-    """A handle for work that finished before it was returned."""
+class Layout(NamedTuple):
+    """What every rank receives from scatter: kind, dtype, shape after dim 0, each rank's length."""
 
-    __slots__ = ()
+    kind: str  # "numpy" or "torch"
+    dtype: str  # dtype_name(): "float32", "bfloat16", ...
+    trail: tuple
+    lengths: list
 
-    def __init__(self, result):
-        self._done, self._result = True, result
 
-
-class Comm:
+class Comm(abc.ABC):
     """A group of ranks and the collectives among them."""
 
     #: Name of the backend: "serial", "gloo", "nccl" or "mpi".
@@ -80,8 +109,106 @@ class Comm:
     def __repr__(self):
         return f"<{type(self).__name__} rank {self.rank} of {self.size}, backend {self.backend}>"
 
-    def _close(self):
-        """Release what the backend holds; the runtime calls this at finalize."""
+    # -- the contract: what every backend implements --------------------------------
+    # Arguments as the module docstring says: checked, in the order data, root,
+    # op, out, async_op; a Handle back when async_op is true.
+
+    @abc.abstractmethod
+    def _broadcast(self, x, root, async_op):
+        """Copy root's x into x on every rank, in place; return x."""
+
+    @abc.abstractmethod
+    def _reduce(self, x, root, op, async_op):
+        """Reduce x into root's x in place (other ranks' x unchanged); return x."""
+
+    @abc.abstractmethod
+    def _all_reduce(self, x, op, async_op):
+        """Reduce x into every rank's x in place; return x."""
+
+    @abc.abstractmethod
+    def _scatter(self, parts, whole, layout, root, out, async_op):
+        """Return this rank's chunk (of layout's kind), in out when given.
+
+        On root, parts is the list of size chunks (whole None), or whole is
+        one array to cut by layout.lengths (parts None); elsewhere both are None.
+        """
+
+    @abc.abstractmethod
+    def _gather(self, x, lengths, root, out, async_op):
+        """Return every rank's x, a list in rank order, on root (views of out when given); None elsewhere."""
+
+    @abc.abstractmethod
+    def _all_gather(self, x, lengths, out, async_op):
+        """Return every rank's x as a list in rank order (views of out when given)."""
+
+    @abc.abstractmethod
+    def _barrier(self):
+        """Block until every rank has called it."""
+
+    @abc.abstractmethod
+    def _allgather_ints(self, row):
+        """Return a (size, len(row)) int64 numpy array of every rank's row (valid until the next call)."""
+
+    @abc.abstractmethod
+    def _broadcast_ints(self, ints, root):
+        """Copy root's int64 numpy array ints into ints on every rank; return it."""
+
+    @abc.abstractmethod
+    def _broadcast_object(self, obj, root):
+        """Return root's picklable obj on every rank."""
+
+    @abc.abstractmethod
+    def _gather_object(self, obj, root):
+        """Return the list of every rank's obj on root, None elsewhere."""
+
+    @abc.abstractmethod
+    def _all_gather_object(self, obj):
+        """Return the list of every rank's obj on every rank."""
+
+    @abc.abstractmethod
+    def _scatter_object(self, objs, root):
+        """Return this rank's item of root's list of size objects (objs is None off root)."""
+
+    @abc.abstractmethod
+    def _split_comm(self, color, key):
+        """Return the communicator of the ranks that passed this color (ordered by key), None for color None."""
+
+    # -- optional hooks: fast paths, devices, release --------------------------------
+    # Direct hooks return (fn, args) with fn(*args) giving the call's result, or
+    # None to leave the call to the general hook.  Offered blocking calls only,
+    # with debug and trace off; x and out unchecked, root checked, op as given.
+
+    def _direct_broadcast(self, x, root):
+        """Offer a blocking broadcast to go by address."""
+        return None
+
+    def _direct_reduce(self, x, root, op):
+        """Offer a blocking reduce to go by address."""
+        return None
+
+    def _direct_all_reduce(self, x, op):
+        """Offer a blocking all_reduce (x an array, or a list for coalesce to handle) to go by address."""
+        return None
+
+    def _direct_scatter(self, chunks, root, out):
+        """Offer a blocking scatter(equal=True, out=out) to go by address (chunks as root passed them)."""
+        return None
+
+    def _direct_gather(self, x, root, out):
+        """Offer a blocking gather(equal=True) to go by address (out may be None)."""
+        return None
+
+    def _direct_all_gather(self, x, out):
+        """Offer a blocking all_gather(equal=True, out=out) to go by address."""
+        return None
+
+    def _check_device(self, x, what):
+        """Raise unless x lives where this backend can send it (CPU here)."""
+        if not isinstance(x, np.ndarray) and not x.is_cpu:
+            raise CollectiveError(
+                f"{what} is on {x.device} but the {self.backend} backend works on CPU tensors; "
+                "move it with .cpu(), or use the nccl backend for CUDA tensors"
+            )
 
     def _mover(self, arrays):
         """Return an object that packs arrays into a flat buffer and back in one call, or None.
@@ -92,10 +219,26 @@ class Comm:
         """
         return None
 
+    def _close(self):
+        """Release what the backend holds; the runtime calls this at finalize."""
+
+    def _note_stuck(self, fp, why=""):
+        """Tell the other ranks' timeout reports that this rank was in collective fp."""
+
+    def _peers_report(self, fp):
+        """Say where the other ranks were when collective fp timed out, if knowable."""
+        return None
+
     # -- every collective goes through here ---------------------------------------
 
     def _call(self, hook, args, name, x=None, root=None, op=None, async_op=False):
-        """Run a backend hook as collective number seq, turning timeouts into errors."""
+        """Run hook(*args) as this communicator's next collective; return its result.
+
+        The one bookkeeping path of every call, direct or general: the
+        sequence number and fingerprint (for timeout reports), debug
+        mode's check and the trace when on, and a backend's timeout
+        turned into CollectiveTimeout.
+        """
         mon = self._mon
         fp = mon.note(name, x, root, op)
         mon.busy = fp[0]
@@ -134,45 +277,42 @@ class Comm:
             self._note_stuck(fp, "(a peer closed its connection)")
         raise exc
 
-    def _note_stuck(self, fp, why=""):
-        """Tell the other ranks' timeout reports that this rank was in collective fp."""
-
-    def _peers_report(self, fp):
-        """Say where the other ranks were when collective fp timed out, if knowable."""
-        return None
-
     # -- checks --------------------------------------------------------------
 
     def _root(self, root):
+        """Return root when it is a rank of this communicator, else raise."""
+        if type(root) is int and 0 <= root < self.size:
+            return root
         if not isinstance(root, int) or isinstance(root, bool) or not 0 <= root < self.size:
             raise CollectiveError(
                 f"root {root!r} is out of range: this communicator has ranks 0 to {self.size - 1}"
             )
-        return root
+        return int(root)
 
     def _array(self, x, what="x"):
         check_array(x, what)
         self._check_device(x, what)
         return x
 
-    def _check_device(self, x, what):
-        """Raise unless x lives where this backend can send it (CPU here)."""
-        if not isinstance(x, np.ndarray) and not x.is_cpu:
-            raise CollectiveError(
-                f"{what} is on {x.device} but the {self.backend} backend works on CPU tensors; "
-                "move it with .cpu(), or use the nccl backend for CUDA tensors"
-            )
-
     # -- the six collectives ---------------------------------------------------
 
     def broadcast(self, x, root=0, async_op=False):
         """Copy root's x into x on every rank, in place; return x."""
         root = self._root(root)
+        if not async_op and not self._mon.active:
+            go = self._direct_broadcast(x, root)
+            if go is not None:
+                return self._call(go[0], go[1], "broadcast", x, root)
         return self._call(self._broadcast, (self._array(x), root, async_op), "broadcast", x, root, None, async_op)
 
     def reduce(self, x, root=0, op="sum", async_op=False):
         """Combine x over ranks into root's x, in place; other ranks' x stay unchanged."""
-        root, op = self._root(root), check_op(op, self._array(x))
+        root = self._root(root)
+        if not async_op and not self._mon.active:
+            go = self._direct_reduce(x, root, op)
+            if go is not None:
+                return self._call(go[0], go[1], "reduce", x, root, op)
+        op = check_op(op, self._array(x))
         return self._call(self._reduce, (x, root, op, async_op), "reduce", x, root, op, async_op)
 
     def all_reduce(self, x, op="sum", async_op=False, chunk_bytes=None):
@@ -183,6 +323,10 @@ class Comm:
         large x is reduced in pieces of at most that size (blocking), so
         the backend's scratch memory stays bounded.
         """
+        if not async_op and chunk_bytes is None and not self._mon.active:
+            go = self._direct_all_reduce(x, op)
+            if go is not None:
+                return self._call(go[0], go[1], "all_reduce", x, None, op)
         if isinstance(x, (list, tuple)):
             from .coalesce import all_reduce_many
 
@@ -211,10 +355,16 @@ class Comm:
         result nothing refers to any more (``spmd.comms.results``).
         """
         root = self._root(root)
+        if equal:
+            if out is not None and not async_op and not self._mon.active:
+                go = self._direct_scatter(chunks if self.rank == root else None, root, out)
+                if go is not None:
+                    return self._call(go[0], go[1], "scatter", out, root, "equal")
+            if out is not None:
+                self._array(out, "out")
+            return self._scatter_equal(chunks, root, async_op, out)
         if out is not None:
             self._array(out, "out")
-        if equal:
-            return self._scatter_equal(chunks, root, async_op, out)
         parts, whole, error = None, None, None
         if self.rank == root:
             try:
@@ -228,11 +378,10 @@ class Comm:
         self._describing("scatter", None, root, self._broadcast_ints, header, root)
         if header[0]:
             raise CollectiveError(self._describing("scatter", None, root, self._broadcast_object, error, root))
-        kind, dtype, trail, lengths = self._descs.header(header)
+        layout = Layout(*self._descs.header(header))
         if out is not None:
-            self._check_out(out, kind, dtype, (lengths[self.rank],) + trail, "scatter")
-        header = {"kind": kind, "dtype": dtype, "trail": trail, "lengths": lengths, "out": out}
-        args = (parts, whole, header, root, async_op)
+            self._check_out(out, layout.kind, layout.dtype, (layout.lengths[self.rank],) + layout.trail, "scatter")
+        args = (parts, whole, layout, root, out, async_op)
         return self._call(self._scatter, args, "scatter", None, root, None, async_op)
 
     def _scatter_equal(self, chunks, root, async_op, out):
@@ -253,9 +402,9 @@ class Comm:
             )
         else:
             lengths = [out.shape[0]] * self.size
-        kind, dtype = self._kind_dtype(like)
-        header = {"kind": kind, "dtype": dtype, "trail": tuple(like.shape[1:]), "lengths": lengths, "out": out}
-        return self._call(self._scatter, (parts, whole, header, root, async_op), "scatter", like, root, "equal", async_op)
+        layout = Layout(*self._kind_dtype(like), tuple(like.shape[1:]), lengths)
+        args = (parts, whole, layout, root, out, async_op)
+        return self._call(self._scatter, args, "scatter", like, root, "equal", async_op)
 
     @staticmethod
     def _kind_dtype(x):
@@ -304,20 +453,28 @@ class Comm:
         refers to any more (``spmd.comms.results``).
         """
         root = self._root(root)
+        if equal and not async_op and not self._mon.active:
+            go = self._direct_gather(x, root, out if self.rank == root else None)
+            if go is not None:
+                return self._call(go[0], go[1], "gather", x, root, "equal")
         lengths = self._lengths(x, "gather", equal)
         out = self._gather_out(x, lengths, out, "gather") if self.rank == root else None
         op = "equal" if equal else None
-        return self._call(self._gather, (x, lengths, root, async_op, out), "gather", x, root, op, async_op)
+        return self._call(self._gather, (x, lengths, root, out, async_op), "gather", x, root, op, async_op)
 
     def all_gather(self, x, async_op=False, *, equal=False, out=None):
         """Collect every rank's x on every rank, as a list in rank order.
 
         ``equal`` and ``out`` work as for :meth:`gather`.
         """
+        if equal and out is not None and not async_op and not self._mon.active:
+            go = self._direct_all_gather(x, out)
+            if go is not None:
+                return self._call(go[0], go[1], "all_gather", x, None, "equal")
         lengths = self._lengths(x, "all_gather", equal)
         out = self._gather_out(x, lengths, out, "all_gather")
         op = "equal" if equal else None
-        return self._call(self._all_gather, (x, lengths, async_op, out), "all_gather", x, None, op, async_op)
+        return self._call(self._all_gather, (x, lengths, out, async_op), "all_gather", x, None, op, async_op)
 
     def barrier(self):
         """Block until every rank has called barrier."""

@@ -12,7 +12,8 @@ import numpy as np
 from mpi4py import MPI
 
 from .arrays import contiguous as _contiguous
-from .base import Comm, Handle
+from .base import Comm
+from .handle import Handle
 from .mpi_buffers import address as _address
 from .mpi_buffers import as_bytes as _bytes
 from .mpi_buffers import contig as _contig
@@ -50,6 +51,12 @@ def _new(kind, dtype, shape):
     return torch.empty(shape, dtype=getattr(torch, dtype))
 
 
+def _returning(result, fn, *args):
+    """Run fn(*args), an MPI call that works on result's memory, and return result."""
+    fn(*args)
+    return result
+
+
 def _new_like(c, shape):
     return np.empty(shape, c.dtype) if type(c) is np.ndarray else c.new_empty(shape)
 
@@ -77,76 +84,74 @@ class MpiComm(Comm):
         """Return a result array: a dropped one of this kind, dtype and shape, or a new one."""
         return _POOL.empty((kind, dtype, shape), shape, _new, kind, dtype, shape)
 
-    # -- fast paths ------------------------------------------------------------
+    # -- direct hooks (fast paths) ----------------------------------------------
     # A blocking broadcast, reduce or all_reduce of one contiguous CPU array of
     # a plain numeric dtype, with debug and trace off, goes to MPI by address:
-    # no views, copies or closures.  Everything else takes Comm's general path.
+    # no views, copies or closures.  So do scatter and the gathers called with
+    # equal=True and out= (shapes known, nothing to allocate).  Everything else
+    # takes the general hooks below.
 
-    def broadcast(self, x, root=0, async_op=False):
-        if not async_op and type(root) is int and 0 <= root < self.size and not self._mon.active:
-            buf = _direct(x)
-            if buf is not None:
-                # As bytes, like the general path: the type signatures of all
-                # ranks must match, whichever path each rank takes.
-                return self._direct_call(x, "broadcast", root, None, self._c.Bcast, _bytes(buf), root)
-        return super().broadcast(x, root, async_op)
+    def _direct_broadcast(self, x, root):
+        buf = _direct(x)
+        if buf is None:
+            return None
+        # As bytes, like the general path: the type signatures of all ranks
+        # must match, whichever path each rank takes.
+        return _returning, (x, self._c.Bcast, _bytes(buf), root)
 
-    def all_reduce(self, x, op="sum", async_op=False, chunk_bytes=None):
-        mop = None if async_op or chunk_bytes is not None or self._mon.active else _FAST_OPS.get(op)
-        if mop is not None:
-            buf = _direct(x)
-            if buf is not None and x.nbytes < 2 * PIECE:  # larger: in pieces, on the general path
-                return self._direct_call(x, "all_reduce", None, op, self._c.Allreduce, MPI.IN_PLACE, buf, mop)
-        return super().all_reduce(x, op, async_op, chunk_bytes)
+    def _direct_all_reduce(self, x, op):
+        mop = _FAST_OPS.get(op) if type(op) is str else None
+        buf = None if mop is None else _direct(x)
+        if buf is None or x.nbytes >= 2 * PIECE:  # larger: in pieces, on the general path
+            return None
+        return _returning, (x, self._c.Allreduce, MPI.IN_PLACE, buf, mop)
 
-    def reduce(self, x, root=0, op="sum", async_op=False):
-        mop = None if async_op or self._mon.active else _FAST_OPS.get(op)
-        if mop is not None and type(root) is int and 0 <= root < self.size:
-            buf = _direct(x)
-            if buf is not None and x.nbytes < REDUCE_BY_ALLREDUCE:
-                if self.rank == root:
-                    return self._direct_call(x, "reduce", root, op, self._c.Reduce, MPI.IN_PLACE, buf, mop, root)
-                return self._direct_call(x, "reduce", root, op, self._c.Reduce, buf, None, mop, root)
-        return super().reduce(x, root, op, async_op)
-
-    # The same for scatter and the gathers called with equal=True and out= (and
-    # contiguous arrays of one plain dtype): shapes are known, nothing to allocate.
+    def _direct_reduce(self, x, root, op):
+        mop = _FAST_OPS.get(op) if type(op) is str else None
+        buf = None if mop is None else _direct(x)
+        if buf is None or x.nbytes >= REDUCE_BY_ALLREDUCE:
+            return None
+        if self.rank == root:
+            return _returning, (x, self._c.Reduce, MPI.IN_PLACE, buf, mop, root)
+        return _returning, (x, self._c.Reduce, buf, None, mop, root)
 
     def _same_layout(self, x, out, rows):
         """Tell whether out is x's dtype with rows rows of x's trailing shape."""
         return out.dtype == x.dtype and out.shape[0] == rows and out.shape[1:] == x.shape[1:]
 
-    def all_gather(self, x, async_op=False, *, equal=False, out=None):
-        if equal and out is not None and not async_op and not self._mon.active:
-            send, recv = _direct(x), _direct(out)
-            if send is not None and recv is not None and self._same_layout(x, out, x.shape[0] * self.size):
-                self._direct_call(x, "all_gather", None, "equal", self._c.Allgather, _bytes(send), _bytes(recv))
-                return self._even_pieces(out)
-        return super().all_gather(x, async_op, equal=equal, out=out)
+    def _direct_all_gather(self, x, out):
+        send, recv = _direct(x), _direct(out)
+        if send is None or recv is None or not self._same_layout(x, out, x.shape[0] * self.size):
+            return None
+        return self._into_pieces, (out, self._c.Allgather, _bytes(send), _bytes(recv))
 
-    def gather(self, x, root=0, async_op=False, *, equal=False, out=None):
-        if equal and not async_op and not self._mon.active and type(root) is int and 0 <= root < self.size:
-            send = _direct(x)
-            if send is not None and self.rank != root:
-                self._direct_call(x, "gather", root, "equal", self._c.Gather, _bytes(send), None, root)
+    def _direct_gather(self, x, root, out):
+        send = _direct(x)
+        if send is None:
+            return None
+        if self.rank != root:
+            return _returning, (None, self._c.Gather, _bytes(send), None, root)
+        recv = None if out is None else _direct(out)
+        if recv is None or not self._same_layout(x, out, x.shape[0] * self.size):
+            return None
+        return self._into_pieces, (out, self._c.Gather, _bytes(send), _bytes(recv), root)
+
+    def _direct_scatter(self, chunks, root, out):
+        recv = _direct(out)
+        if recv is None:
+            return None
+        send = None
+        if self.rank == root:
+            send = _direct(chunks)
+            if send is None or not self._same_layout(out, chunks, out.shape[0] * self.size):
                 return None
-            recv = None if out is None else _direct(out)
-            if send is not None and recv is not None and self._same_layout(x, out, x.shape[0] * self.size):
-                self._direct_call(x, "gather", root, "equal", self._c.Gather, _bytes(send), _bytes(recv), root)
-                return self._even_pieces(out)
-        return super().gather(x, root, async_op, equal=equal, out=out)
+            send = _bytes(send)
+        return _returning, (out, self._c.Scatter, send, _bytes(recv), root)
 
-    def scatter(self, chunks=None, root=0, async_op=False, *, equal=False, out=None):
-        if equal and out is not None and not async_op and not self._mon.active and type(root) is int and 0 <= root < self.size:
-            recv = _direct(out)
-            send = _direct(chunks) if self.rank == root else None
-            if recv is not None and (self.rank != root or (
-                send is not None and self._same_layout(out, chunks, out.shape[0] * self.size)
-            )):
-                spec = None if send is None else _bytes(send)
-                self._direct_call(out, "scatter", root, "equal", self._c.Scatter, spec, _bytes(recv), root)
-                return out
-        return super().scatter(chunks, root, async_op, equal=equal, out=out)
+    def _into_pieces(self, full, fn, *args):
+        """Run fn(*args), which fills full, and return full cut into one view per rank."""
+        fn(*args)
+        return self._even_pieces(full)
 
     def _even_pieces(self, full):
         """Cut full along dim 0 into one view per rank, all the same length."""
@@ -154,16 +159,6 @@ class MpiComm(Comm):
             k = full.shape[0] // self.size
             return [full[i * k : (i + 1) * k] for i in range(self.size)]
         return list(full.chunk(self.size))
-
-    def _direct_call(self, x, name, root, op, fn, *args):
-        """Run fn(*args) as this communicator's next collective; return x."""
-        mon = self._mon
-        mon.busy = mon.note(name, x, root, op)[0]
-        try:
-            fn(*args)
-        finally:
-            mon.busy = 0
-        return x
 
     def _mover(self, arrays):
         """Return a packer of these arrays into a flat buffer and back, or None (see coalesce)."""
@@ -261,15 +256,15 @@ class MpiComm(Comm):
     # has the same length, the plain collective (Scatter, Gather, Allgather);
     # else its v-form with counts and displacements.
 
-    def _scatter(self, parts, whole, header, root, async_op):
-        lengths, trail, out = header["lengths"], header["trail"], header["out"]
+    def _scatter(self, parts, whole, layout, root, out, async_op):
+        lengths, trail = layout.lengths, layout.trail
         if out is None:
-            out = self._empty(header["kind"], header["dtype"], (lengths[self.rank],) + trail)
+            out = self._empty(layout.kind, layout.dtype, (lengths[self.rank],) + trail)
         recv = [_raw(out), MPI.BYTE]
         even = lengths.count(lengths[0]) == self.size
-        send = None
+        send = keep = None
         if self.rank == root:
-            data = self._joined(parts, whole)
+            data, keep = self._joined(parts, whole)
             if even:
                 send = [data, MPI.BYTE]
             else:
@@ -281,20 +276,25 @@ class MpiComm(Comm):
                 async_op,
                 lambda: self._c.Scatter(send, recv, root),
                 lambda: self._c.Iscatter(send, recv, root),
-                lambda: _kept(out, parts, whole),  # root's chunks stay alive until done
+                lambda: _kept(out, keep),  # root's chunks stay alive until done
             )
         return self._go(
             async_op,
             lambda: self._c.Scatterv(send, recv, root),
             lambda: self._c.Iscatterv(send, recv, root),
-            lambda: _kept(out, parts, whole),
+            lambda: _kept(out, keep),
         )
 
     @staticmethod
     def _joined(parts, whole):
-        """Return root's chunks as one buffer, without a copy when they are one already."""
+        """Return root's chunks as one buffer, without a copy when they are one already.
+
+        Also return what must stay alive until the call is done: a buffer
+        read by address (a tensor's) does not hold the memory it reads.
+        """
         if whole is not None:
-            return _raw(_contig(whole))
+            whole = _contig(whole)
+            return _raw(whole), whole
         cs = [_contig(p) for p in parts]
         # Views of consecutive pieces of one buffer (a split array): send from its start.
         start = address = _address(cs[0])
@@ -303,11 +303,15 @@ class MpiComm(Comm):
                 break
             address += c.nbytes
         else:
-            return MPI.buffer.fromaddress(start, address - start) if address > start else _raw(cs[0])
-        return np.concatenate([np.frombuffer(_raw(c), np.uint8) for c in cs])
+            return (MPI.buffer.fromaddress(start, address - start) if address > start else _raw(cs[0])), cs
+        return np.concatenate([np.frombuffer(_raw(c), np.uint8) for c in cs]), None
 
     def _gathered(self, x, lengths, out):
-        """Prepare the receive side of a gather of x: (send spec, full array, recv spec, even)."""
+        """Prepare a gather of x: (send spec, x contiguous, full array, recv spec, even).
+
+        The contiguous x must stay alive until the call is done: the send
+        spec reads a tensor by address and does not hold its memory.
+        """
         c = _contig(x)
         trail = tuple(c.shape[1:])
         shape = (sum(lengths),) + trail
@@ -321,13 +325,13 @@ class MpiComm(Comm):
             row = _row_bytes(full, trail)
             counts = [n * row for n in lengths]
             recv = [_raw(full), counts, _displs(counts), MPI.BYTE]
-        return [_raw(c), MPI.BYTE], full, recv, even
+        return [_raw(c), MPI.BYTE], c, full, recv, even
 
     def _pieces(self, full, lengths, even):
         """Cut the gathered array into one view per rank."""
         return self._even_pieces(full) if even and lengths[0] else self._split(full, lengths)
 
-    def _gather(self, x, lengths, root, async_op, out):
+    def _gather(self, x, lengths, root, out, async_op):
         even = lengths.count(lengths[0]) == self.size
         if self.rank != root:
             c = _contig(x)
@@ -340,25 +344,25 @@ class MpiComm(Comm):
                 lambda: nonblocking(send, None, root),
                 lambda: _kept(None, c),  # the send buffer stays alive until done
             )
-        send, full, recv, even = self._gathered(x, lengths, out)
+        send, c, full, recv, even = self._gathered(x, lengths, out)
         blocking = self._c.Gather if even else self._c.Gatherv
         nonblocking = self._c.Igather if even else self._c.Igatherv
         return self._go(
             async_op,
             lambda: blocking(send, recv, root),
             lambda: nonblocking(send, recv, root),
-            lambda: self._pieces(full, lengths, even),
+            lambda: _kept(self._pieces(full, lengths, even), c),
         )
 
-    def _all_gather(self, x, lengths, async_op, out):
-        send, full, recv, even = self._gathered(x, lengths, out)
+    def _all_gather(self, x, lengths, out, async_op):
+        send, c, full, recv, even = self._gathered(x, lengths, out)
         blocking = self._c.Allgather if even else self._c.Allgatherv
         nonblocking = self._c.Iallgather if even else self._c.Iallgatherv
         return self._go(
             async_op,
             lambda: blocking(send, recv),
             lambda: nonblocking(send, recv),
-            lambda: _kept(self._pieces(full, lengths, even), send),
+            lambda: _kept(self._pieces(full, lengths, even), c),
         )
 
     def _barrier(self):

@@ -2,7 +2,8 @@
 
 import numpy as np
 
-from .base import Comm, Done
+from .base import Comm
+from .handle import Done
 
 __all__ = ["SerialComm"]
 
@@ -28,13 +29,13 @@ class SerialComm(Comm):
     def _all_reduce(self, x, op, async_op):
         return self._give(x, async_op)
 
-    def _scatter(self, parts, whole, header, root, async_op):
-        return self._give(_into(header["out"], whole if parts is None else parts[0]), async_op)
+    def _scatter(self, parts, whole, layout, root, out, async_op):
+        return self._give(_into(out, whole if parts is None else parts[0]), async_op)
 
-    def _gather(self, x, lengths, root, async_op, out):
+    def _gather(self, x, lengths, root, out, async_op):
         return self._give([_into(out, x)], async_op)
 
-    def _all_gather(self, x, lengths, async_op, out):
+    def _all_gather(self, x, lengths, out, async_op):
         return self._give([_into(out, x)], async_op)
 
     def _barrier(self):
