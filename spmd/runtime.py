@@ -147,7 +147,7 @@ def _start(settings, environ):
         timer = MpiTimeout(comm, monitor.family)
         hub = Hub(placement.rank, placement.size, comm.broadcast_object, local, seconds)
         return comm, [timer, hub]
-    from .comms.torchdist import TorchComm, init_process_group
+    from .comms.torch_world import init_process_group, open_comm
     from .rendezvous import await_peers, rendezvous
     from .watchdog import Hub, store_share
 
@@ -158,7 +158,7 @@ def _start(settings, environ):
     if name == "nccl":
         device = _nccl_device(placement, store)
     init_process_group(name, store, placement.rank, placement.size, seconds, device)
-    comm = TorchComm(name, placement, device, timeout=seconds, monitor=monitor, store=store)
+    comm = open_comm(name, placement, device, timeout=seconds, monitor=monitor, store=store)
     if store is not None:
         share = store_share(store, placement.rank)
         guards.append(Hub(placement.rank, placement.size, share, local, seconds))

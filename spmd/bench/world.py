@@ -106,10 +106,10 @@ def open_alone(backends=("mpi", "gloo"), threads=None):
     if "gloo" in backends:
         import torch.distributed as dist
 
-        from ..comms.torchdist import TorchComm
+        from ..comms.gloo import GlooComm
 
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-        spmd_gloo = TorchComm("gloo", placement)
+        spmd_gloo = GlooComm("gloo", placement)
     return World(placement, mpi, spmd_mpi, spmd_gloo, threads)
 
 

@@ -1,0 +1,165 @@
+"""The gloo backend: torch.distributed's gloo process group, called directly where it pays.
+
+On top of :class:`~spmd.comms.torchdist.TorchComm`:
+
+- direct hooks: a blocking broadcast, reduce or all_reduce of one
+  contiguous CPU tensor (or numpy array) of a plain dtype goes straight
+  to the process group object; torch.distributed's Python wrapper checks
+  cost more than the rest of spmd's call;
+- scatter and gather go point to point: no padding of unequal chunks,
+  and 1.3-2x faster than gloo's own scatter and gather at every size
+  measured here (docs/performance.md);
+- all_gather and the description exchange call the process group's
+  allgather directly.
+"""
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.distributed.distributed_c10d import AllgatherOptions
+
+from .handle import after
+from .torchdist import OPS, TorchComm, as_kind, new_like, tensor
+
+__all__ = ["GlooComm", "P2P_TAG"]
+
+_REDUCE_OPTIONS = {}  # op -> AllreduceOptions
+for _name in ("sum", "prod", "min", "max"):
+    _REDUCE_OPTIONS[_name] = dist.AllreduceOptions()
+    _REDUCE_OPTIONS[_name].reduceOp = OPS[_name]
+    _REDUCE_OPTIONS[_name].asyncOp = False
+
+#: dtypes the direct hooks hand to the process group as they are (not complex,
+#: not bool for reductions: those take torch.distributed's own conversions).
+_PLAIN = frozenset((
+    torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.int16,
+    torch.int32, torch.int64, torch.uint8,
+))
+
+#: Tag of spmd's point-to-point messages (scatter and gather).
+P2P_TAG = 0x5350
+
+
+def _plain(x):
+    """Return x as a tensor the process group can take as it is, else None."""
+    if type(x) is torch.Tensor:
+        if x.is_cpu and x.dtype in _PLAIN and x.is_contiguous():
+            return x
+        return None
+    if type(x) is np.ndarray and x.flags.c_contiguous and x.dtype.kind in "fiu" and x.size:
+        return torch.from_numpy(x)
+    return None
+
+
+def _run(result, fn, t, opts):
+    """Run fn([t], opts) on the process group, wait for it, and return result."""
+    fn([t], opts).wait()
+    return result
+
+
+class GlooComm(TorchComm):
+    """A communicator backed by a gloo process group."""
+
+    def __init__(self, backend, placement, device="cpu", group=None, ranks=None, timeout=None,
+                 monitor=None, store=None):
+        super().__init__(backend, placement, device, group, ranks, timeout, monitor, store)
+        self._pg = group if group is not None else dist.group.WORLD  # the process group object
+        self._roots = {}  # root -> (BroadcastOptions, ReduceOptions)
+
+    def _release(self):
+        super()._release()
+        self._pg, self._roots = None, {}
+
+    # -- direct hooks ----------------------------------------------------------
+
+    def _root_options(self, root):
+        opts = self._roots.get(root)
+        if opts is None:
+            b, r = dist.BroadcastOptions(), dist.ReduceOptions()
+            b.rootRank = r.rootRank = root
+            b.rootTensor = r.rootTensor = 0
+            b.asyncOp = r.asyncOp = False
+            opts = self._roots[root] = (b, r)
+        return opts
+
+    def _direct_broadcast(self, x, root):
+        t = _plain(x)
+        if t is None or self._pg is None:
+            return None
+        return _run, (x, self._pg.broadcast, t, self._root_options(root)[0])
+
+    def _direct_all_reduce(self, x, op):
+        opts = _REDUCE_OPTIONS.get(op) if type(op) is str else None
+        t = None if opts is None else _plain(x)
+        if t is None or self._pg is None:
+            return None
+        return _run, (x, self._pg.allreduce, t, opts)
+
+    def _direct_reduce(self, x, root, op):
+        t = _plain(x) if type(op) is str and op in _REDUCE_OPTIONS else None
+        if t is None or self._pg is None:
+            return None
+        opts = self._root_options(root)[1]
+        opts.reduceOp = OPS[op]
+        if self.rank != root:
+            t = t.clone()  # gloo leaves partial results in non-root buffers
+        return _run, (x, self._pg.reduce, t, opts)
+
+    # -- scatter and gather, point to point ----------------------------------------
+
+    def _scatter(self, parts, whole, layout, root, out, async_op):
+        lengths, kind = layout.lengths, layout.kind
+        mine = lengths[self.rank]
+        if out is not None:
+            got = tensor(out)[0]
+        else:
+            got = self._empty(kind, layout.dtype, (mine,) + layout.trail)
+        works = []
+        if self.rank == root:
+            if parts is None:
+                parts = self._split(tensor(whole)[0], lengths)
+            for i, part in enumerate(parts):
+                t = tensor(part)[0]
+                if i == root:
+                    got.copy_(t)
+                elif lengths[i]:
+                    works.append(dist.isend(t, group=self._group, group_dst=i, tag=P2P_TAG))
+        elif mine:
+            works.append(dist.irecv(got, group=self._group, group_src=root, tag=P2P_TAG))
+        result = out if out is not None else as_kind(got, kind)
+        return after(works, lambda: result, async_op)
+
+    def _gather(self, x, lengths, root, out, async_op):
+        t = tensor(x)[0]
+        if self.rank != root:
+            works = [dist.isend(t, group=self._group, group_dst=root, tag=P2P_TAG)] if lengths[self.rank] else []
+            return after(works, lambda: None, async_op)
+        full = tensor(out)[0] if out is not None else new_like(t, (sum(lengths),) + tuple(t.shape[1:]))
+        pieces = self._split(full, lengths)
+        works = []
+        for i, piece in enumerate(pieces):
+            if i == root:
+                piece.copy_(t)
+            elif lengths[i]:
+                works.append(dist.irecv(piece, group=self._group, group_src=i, tag=P2P_TAG))
+        numpy = type(x) is np.ndarray
+        return after(works, lambda: [p.numpy() for p in pieces] if numpy else pieces, async_op)
+
+    # -- all_gather and descriptions on the process group itself -------------------
+
+    def _all_gather_work(self, recv, send, async_op):
+        if self._pg is None or send.dtype not in _PLAIN:
+            return super()._all_gather_work(recv, send, async_op)
+        opts = AllgatherOptions()
+        opts.asyncOp = async_op
+        work = self._pg.allgather([recv], [send], opts)
+        if not async_op:
+            work.wait()
+        return work
+
+    def _allgather_ints(self, row):
+        if self._pg is None:
+            return super()._allgather_ints(row)
+        out = torch.empty((self.size, row.shape[0]), dtype=torch.int64)
+        self._pg.allgather([list(out.unbind(0))], [torch.from_numpy(row)], AllgatherOptions()).wait()
+        return out.numpy()
