@@ -16,6 +16,18 @@ PY = sys.executable
 BIN = Path(PY).parent
 
 
+# CI (.ci/run) sets SPMD_REQUIRE_OPENMPI=1: there, what a test needs and does not find
+# (Open MPI, MPICH's mpirun, the SLURM cluster, a CPU-only host) is a failure, not a skip.
+CI = os.environ.get("SPMD_REQUIRE_OPENMPI") == "1"
+
+
+def missing(reason):
+    """Skip a test this host cannot run, saying why; in CI fail instead."""
+    if CI:
+        pytest.fail(f"CI (SPMD_REQUIRE_OPENMPI=1) runs every test, but: {reason}")
+    pytest.skip(reason)
+
+
 # -- tiers: every test is exactly one of these (setup.cfg registers them, docs/testing.md) --
 
 TIERS = ("unit", "launcher", "slurm")
@@ -35,6 +47,8 @@ def pytest_collection_modifyitems(config, items):
             "add `pytestmark = pytest.mark.unit` (or launcher, slurm) at the top of the "
             "module, or a decorator on the test (docs/testing.md):\n" + "\n".join(bad)
         )
+    if CI and MPIRUN is None:  # the tests that need it would only skip
+        raise pytest.UsageError("CI (SPMD_REQUIRE_OPENMPI=1) needs MPICH's mpirun: run bin/setup")
 
 
 def tool(name):
@@ -58,6 +72,9 @@ def clean_env(**extra):
     # interleave another rank's output between them: keep stdout buffered.
     env.pop("PYTHONUNBUFFERED", None)
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    # Hermetic on a GPU machine: no test world may see CUDA, or auto would pick nccl
+    # where a test expects gloo or mpi. A test that wants a GPU passes its own value.
+    env["CUDA_VISIBLE_DEVICES"] = ""
     env.update({k: str(v) for k, v in extra.items()})
     return env
 

@@ -1,5 +1,6 @@
 """Pure pieces of the runtime: backend choice, GPU binding, ports, addresses, the proxy."""
 
+import socket
 import subprocess
 
 import numpy as np
@@ -45,7 +46,8 @@ def test_several_ranks_on_one_gpu_are_refused():
     assert "ranks [0, 2] on n1 share GPU GPU-a" in message and "gpus-per-task" in message
 
 
-def test_auto_choice_without_gpu():
+def test_auto_choice_without_gpu(monkeypatch):
+    monkeypatch.setattr(backends, "cuda_usable", lambda: False)  # the same on a GPU machine
     mpich = detect({"PMI_RANK": "0", "PMI_SIZE": "2"})
     assert runtime._choose("auto", mpich, object(), {}) == "mpi"
     assert runtime._choose("auto", mpich, None, {}) == "gloo"
@@ -53,11 +55,25 @@ def test_auto_choice_without_gpu():
         runtime._choose("mpi", detect({"SPMD_RANK": "0", "SPMD_SIZE": "2"}), None, {})
 
 
+def test_auto_choice_with_a_gpu(monkeypatch):
+    monkeypatch.setattr(backends, "cuda_usable", lambda: True)  # the same on a CPU machine
+    mpich = detect({"PMI_RANK": "0", "PMI_SIZE": "2"})
+    assert runtime._choose("auto", mpich, object(), {}) == "nccl"
+    assert runtime._choose("auto", detect({"SPMD_RANK": "0", "SPMD_SIZE": "2"}), None, {}) == "nccl"
+    assert runtime._choose("auto", detect({}), None, {}) == "gloo"  # no launcher: no GPU binding
+
+
 def test_slurm_port_is_outside_the_ephemeral_range_and_spread():
     ports = {rendezvous.slurm_port(job, step) for job in range(1000, 1100) for step in range(3)}
     assert all(20000 <= p < 30000 for p in ports)
     assert len(ports) > 250  # jobs sharing digits do not share ports
-    assert rendezvous.slurm_port("123", "0") == rendezvous.slurm_port("123", "0")
+    # every rank computes the port in its own process: it must not depend on the process
+    # (as hash() of a str would, under PYTHONHASHSEED)
+    code = "from spmd import rendezvous; print(rendezvous.slurm_port('123', '0'))"
+    for seed in ("1", "2"):
+        out = subprocess.run([PY, "-c", code], env=clean_env(PYTHONHASHSEED=seed),
+                             capture_output=True, text=True, timeout=60)
+        assert out.stdout.split() == [str(rendezvous.slurm_port("123", "0"))], out.stderr
     assert rendezvous.slurm_port("10123", "0") != rendezvous.slurm_port("20123", "0")
 
 
@@ -65,6 +81,18 @@ def test_unresolvable_address_is_named():
     assert rendezvous.check_address("127.0.0.1") == "127.0.0.1"
     with pytest.raises(RendezvousError, match="MASTER_ADDR='nowhere.invalid' does not resolve"):
         rendezvous.check_address("nowhere.invalid")
+
+
+def test_a_busy_port_is_named_with_the_way_out():
+    """The in-process part of test_failures' port-in-use world: rank 0's store cannot bind."""
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(RendezvousError) as info:
+            rendezvous._serve("127.0.0.1", port, 2, 5)
+    assert f"127.0.0.1:{port}" in str(info.value) and "in use" in str(info.value)
+    assert "MASTER_PORT" in str(info.value)
 
 
 def test_timeout_parsing():

@@ -76,9 +76,16 @@ def test_golden_batch_file(name):
     assert len(text.splitlines()) == len(expected), f"{path.name}: line count differs"
 
 
-def test_render_is_pure():
+def test_render_is_pure(tmp_path, monkeypatch):
+    """The batch file depends on the options alone: not on the environment or the directory."""
     options = make({**BASE, **GOLDEN_CASES["quoting"]})
-    assert render(options) == render(options)
+    for name in list(os.environ):
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    monkeypatch.setenv("SBATCH_PARTITION", "elsewhere")
+    monkeypatch.chdir(tmp_path)
+    assert render(options) == (GOLDEN / "quoting.sbatch").read_text()
 
 
 # -- sbatch's #SBATCH parser, as in src/sbatch/opt.c (_get_argument) -----------------
