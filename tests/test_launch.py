@@ -306,6 +306,23 @@ def test_a_partial_last_line_is_completed(tmp_path):
 
 
 @pytest.mark.unit
+def test_exits_are_described_and_lines_tagged_whole():
+    """In-process, the pure parts of the failing-rank and output tests above."""
+    import io
+
+    from spmd.launch import _describe, _Output
+
+    assert _describe(3) == "exited with code 3"
+    assert _describe(-signal.SIGKILL) == "killed by signal SIGKILL"
+    out, err = io.StringIO(), io.StringIO()
+    r, w = os.pipe()
+    os.write(w, b"one\ntwo")  # the last line without its newline
+    os.close(w)
+    _Output(out, err).pump(os.fdopen(r, "rb"), b"[ 1] ", err=True).join(10)
+    assert (out.getvalue(), err.getvalue()) == ("", "[ 1] one\n[ 1] two\n")
+
+
+@pytest.mark.unit
 def test_launch_checks_its_arguments():
     with pytest.raises(ValueError, match="nprocs"):
         launch(["x.py"], 0)

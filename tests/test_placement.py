@@ -256,6 +256,7 @@ def test_half_set_pairs_are_errors(env, names):
     ({"RANK": "0", "WORLD_SIZE": "-1"}, "WORLD_SIZE=-1 is negative"),
     ({**SLURM_STEP, "SLURM_NODEID": "x"}, "SLURM_NODEID='x'"),
     ({"PMI_RANK": "8", "PMI_SIZE": "8"}, "PMI_RANK=8 is not below PMI_SIZE=8"),
+    ({"RANK": "3", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1"}, "RANK=3 is not below WORLD_SIZE=2"),
     ({**TORCHRUN, "LOCAL_RANK": "4"}, "LOCAL_RANK=4 is not below LOCAL_WORLD_SIZE=4"),
     ({"RANK": "0", "WORLD_SIZE": "0"}, "WORLD_SIZE=0"),
     ({**SPMD, "SPMD_NODE_RANK": "1"}, "SPMD_NODE_RANK=1 is not below SPMD_NUM_NODES=1"),
