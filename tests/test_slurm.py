@@ -2,7 +2,8 @@
 
 The cluster (tests/slurm_cluster.py) needs root and Debian's slurmctld, slurmd,
 slurm-client and munge packages, which it installs with apt-get when missing;
-without them these tests are skipped with the reason. Every submission uses
+without them these tests are skipped with the reason (in CI, SPMD_REQUIRE_OPENMPI=1, they
+fail instead, as .ci/run says). Every submission uses
 --wait under a hard timeout; the cluster is stopped at the end of the session.
 """
 
@@ -17,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import PY, REPO, clean_env, finish, run, start
+from conftest import PY, REPO, clean_env, finish, missing, run, start
 from slurm_cluster import SlurmCluster, SlurmUnavailable
 from spmd.submit import sbatch as slurm
 
@@ -33,7 +34,7 @@ def cluster():
     try:
         c = SlurmCluster.start(nodes=4, cpus=8)
     except SlurmUnavailable as exc:
-        pytest.skip(f"no private SLURM cluster: {exc}")
+        missing(f"no private SLURM cluster: {exc}")
     yield c
     c.stop()
 
