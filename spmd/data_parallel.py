@@ -24,20 +24,22 @@ keeps ``grad is None``, as in single-process training (and torch's
 DistributedDataParallel).  Frozen parameters (``requires_grad=False``)
 are broadcast at the start and never communicated.
 
-Also here: :func:`gather_metrics` (per-rank values to the root) and
-checkpoints written atomically by the root (:func:`save_checkpoint`,
+Also here: :func:`gather_metrics` (per-rank values to the root).
+Checkpoints written atomically by the root (:func:`save_checkpoint`,
 :func:`atomic_save`) and read by the root for every rank
-(:func:`load_checkpoint`).
+(:func:`load_checkpoint`) live in :mod:`spmd.checkpoint` and are
+importable from here too.
 
 Importing this module imports torch; ``import spmd`` does not import it.
 """
 
 import contextlib
 import hashlib
-import os
-import tempfile
 
 import torch
+
+from .checkpoint import atomic_save, load_checkpoint, save_checkpoint
+from .errors import DataParallelError
 
 __all__ = [
     "DataParallel",
@@ -71,7 +73,7 @@ def plan_buckets(tensors, bucket_bytes):
     of indices into tensors, in the order the buckets were opened.
     """
     if not bucket_bytes > 0:
-        raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes!r}")
+        raise DataParallelError(f"bucket_bytes must be positive, got {bucket_bytes!r}")
     buckets, current, used = [], {}, {}
     for i, t in enumerate(tensors):
         nbytes = t.numel() * t.element_size()
@@ -134,7 +136,7 @@ class _Bucket:
             if g is None:
                 part.zero_()
             elif g.is_sparse:
-                raise ValueError("DataParallel supports dense gradients only; got a sparse one")
+                raise DataParallelError("DataParallel supports dense gradients only; got a sparse one")
             else:
                 part.copy_(g.reshape(-1))
         if self.wire is None:
@@ -175,11 +177,11 @@ class DataParallel:
     def __init__(self, model, comm=None, *, bucket_mb=25.0, overlap=False, compress=None,
                  accum_steps=1, root=0):
         if not isinstance(bucket_mb, (int, float)) or not bucket_mb > 0:
-            raise ValueError(f"bucket_mb must be a positive number, got {bucket_mb!r}")
+            raise DataParallelError(f"bucket_mb must be a positive number, got {bucket_mb!r}")
         if compress not in COMPRESS:
-            raise ValueError(f"compress must be one of None, 'fp16', 'bf16', got {compress!r}")
+            raise DataParallelError(f"compress must be one of None, 'fp16', 'bf16', got {compress!r}")
         if isinstance(accum_steps, bool) or not isinstance(accum_steps, int) or accum_steps < 1:
-            raise ValueError(f"accum_steps must be an integer >= 1, got {accum_steps!r}")
+            raise DataParallelError(f"accum_steps must be an integer >= 1, got {accum_steps!r}")
         self.module = model
         self.comm = _default_comm(comm)
         self.bucket_mb = bucket_mb
@@ -234,7 +236,7 @@ class DataParallel:
         digests = self.comm.all_gather_object((digest, len(parts)))
         if len(set(digests)) > 1:
             listing = "; ".join(f"rank {r}: {n} tensors, {d[:12]}" for r, (d, n) in enumerate(digests))
-            raise ValueError(
+            raise DataParallelError(
                 "DataParallel: the model differs between ranks (names, shapes, dtypes or "
                 f"requires_grad of parameters and buffers); build it the same way everywhere. {listing}"
             )
@@ -275,7 +277,7 @@ class DataParallel:
             return
         b = self._bucket_of[id(p)]
         if b.index < self._next or id(p) in b.ready:
-            raise RuntimeError(
+            raise DataParallelError(
                 "DataParallel: a parameter got a second gradient before the first was "
                 "averaged; call synchronize() after each backward (or use dp.backward(loss)), "
                 "and run accumulation micro-batches inside no_sync()"
@@ -346,81 +348,8 @@ def gather_metrics(metrics, comm=None, root=0):
     names = list(got[root])
     for r, m in enumerate(got):
         if sorted(m) != sorted(names):
-            raise ValueError(
+            raise DataParallelError(
                 f"gather_metrics: rank {r} reported {sorted(m)} but rank {root} reported "
                 f"{sorted(names)}; every rank must report the same names"
             )
     return {k: [m[k] for m in got] for k in names}
-
-
-# -- checkpoints -----------------------------------------------------------------
-
-
-def _file_mode():
-    """Return 0o666 less this process's umask, read without changing it (Linux)."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("Umask:"):
-                    return 0o666 & ~int(line.split()[1], 8)
-    except OSError:
-        pass
-    return 0o600
-
-
-def atomic_save(obj, path):
-    """torch.save obj to path so that path is always either the old file or the new one.
-
-    Writes a temporary file in the same directory, fsyncs it, renames
-    it over path with os.replace and fsyncs the directory.
-    """
-    path = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
-    try:
-        os.fchmod(fd, _file_mode())
-        with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    with contextlib.suppress(OSError):
-        dfd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-    return path
-
-
-def save_checkpoint(obj, path, comm=None, root=0):
-    """On root, atomic_save obj to path and return path; elsewhere return None."""
-    comm = _default_comm(comm)
-    if comm.rank != root:
-        return None
-    return atomic_save(obj, path)
-
-
-def load_checkpoint(path, comm=None, root=0, weights_only=True):
-    """Read the checkpoint at path on root and return it on every rank.
-
-    Only root touches the file.  If root cannot read it, root raises
-    the original error and every other rank a RuntimeError naming it.
-    """
-    comm = _default_comm(comm)
-    state, error, failure = None, None, None
-    if comm.rank == root:
-        try:
-            state = torch.load(os.fspath(path), map_location="cpu", weights_only=weights_only)
-        except Exception as exc:
-            failure, error = exc, f"{type(exc).__name__}: {exc}"
-    state, error = comm.broadcast_object((state, error), root)
-    if failure is not None:
-        raise failure
-    if error is not None:
-        raise RuntimeError(f"rank {root} could not load checkpoint {os.fspath(path)!r}: {error}")
-    return state
