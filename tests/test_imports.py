@@ -150,3 +150,14 @@ def test_no_import_cycle():
     fixed = [p for p in KNOWN if p not in found]
     assert not unexpected, "import cycles in spmd/:\n" + describe(edges, unexpected)
     assert not fixed, f"no longer a cycle, remove from KNOWN: {fixed}"
+
+
+@pytest.mark.parametrize("module, allowed", [
+    ("spmd.settings", {"spmd.errors", "spmd.units"}),
+    ("spmd.abort", {"spmd.errors", "spmd.placement"}),
+    ("spmd.watchdog", {"spmd.abort"}),
+    ("spmd._proxy", {"spmd.runtime"}),
+])
+def test_the_runtime_reads_in_one_direction(module, allowed):
+    """settings and abort know nothing of the runtime; the guards and the global comm only what they use."""
+    assert graph()[module] <= allowed
