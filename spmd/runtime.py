@@ -204,9 +204,7 @@ def init(backend=None, timeout=None, debug=None, trace=None):
             settings = Settings.parse(os.environ, backend, timeout, debug, trace)
             _comm, _guards = _start(settings, os.environ)
             _register_abort(_comm, _guards)
-            from .comms.results import POOL
-
-            POOL.configure(os.environ, _comm.local_size)
+            _comm._caches.results.configure(os.environ, _comm.local_size)
             if _comm.size > 1:
                 _install_excepthook()
                 # Nobody leaves init (and perhaps the job) while a peer still joins.
@@ -272,9 +270,7 @@ def finalize():
             for guard in guards:
                 guard.close()
             comm._close()
-            from .comms.results import POOL
-
-            POOL.clear()
+            comm._caches.clear()  # every buffer and datatype the communicators kept
 
 
 def _report_trace(comm):

@@ -68,6 +68,7 @@ from ..errors import CollectiveError, is_peer_lost
 from ..monitor import Monitor
 from . import meta
 from .arrays import check_array, check_op, dtype_name, split_sizes
+from .caches import Caches
 from .handle import Done, Handle
 
 __all__ = ["Comm", "Handle", "Done", "Layout"]
@@ -88,8 +89,10 @@ class Comm(abc.ABC):
     #: Name of the backend: "serial", "gloo", "nccl" or "mpi".
     backend = None
 
-    def __init__(self, rank, size, placement=None, device="cpu", timeout=None, monitor=None):
+    def __init__(self, rank, size, placement=None, device="cpu", timeout=None, monitor=None, caches=None):
         self._mon = monitor if monitor is not None else Monitor()
+        #: Every piece of performance state this communicator keeps (spmd.comms.caches).
+        self._caches = caches if caches is not None else Caches(size)
         self.rank = rank
         self.size = size
         self.device = device
@@ -102,7 +105,7 @@ class Comm(abc.ABC):
         self.node_rank = p.node_rank if p else 0
         self.num_nodes = p.num_nodes if p else 1
         self.launcher = p.launcher if p else "none"
-        self._descs = meta.Descriptions(size)  # array descriptions, cached per shape
+        self._descs = self._caches.descs  # array descriptions, kept per shape
         # Where non-root ranks receive scatter's header (read before the next call).
         self._header_buffer = np.zeros(1 + meta.WIDTH + size, dtype=np.int64)
 

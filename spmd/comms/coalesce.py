@@ -33,14 +33,13 @@ def _views(buf, shapes):
     return out
 
 
-def _kept(comm, key, make):
-    """Return make(), kept on the communicator under key (at most 8 kept)."""
-    cache = comm.__dict__.setdefault("_flat_buffers", {})
-    hit = cache.get(key)
+def _kept(comm, key, make, nbytes):
+    """Return make() (a buffer of nbytes), kept in the communicator's caches under key."""
+    flat = comm._caches.flat
+    hit = flat.get(key)
     if hit is None:
-        if len(cache) >= 8:
-            cache.clear()
-        hit = cache[key] = make()
+        hit = make()
+        flat.put(key, hit, nbytes)
     return hit
 
 
@@ -58,15 +57,16 @@ def _flat_views(comm, group, keep):
     """
     first = group[0]
     shapes = tuple(x.shape for x in group)
+    numel = sum(x.size if isinstance(x, np.ndarray) else x.numel() for x in group)
 
     def make():
-        numel = sum(x.size if isinstance(x, np.ndarray) else x.numel() for x in group)
         buf = _new_flat(first, numel)
         return buf, _views(buf, shapes)
 
     if not keep:
         return make()
-    return _kept(comm, (type(first), first.dtype, getattr(first, "device", None), shapes), make)
+    key = (type(first), first.dtype, getattr(first, "device", None), shapes)
+    return _kept(comm, key, make, numel * _itemsize(first))
 
 
 def _copy(dst, src):
@@ -83,8 +83,12 @@ def _copy(dst, src):
 
 def _flat(comm, first, nbytes):
     """Return a kept flat buffer of first's kind and dtype holding nbytes."""
-    itemsize = first.itemsize if isinstance(first, np.ndarray) else first.element_size()
-    return _kept(comm, (type(first), first.dtype, nbytes), lambda: _new_flat(first, nbytes // itemsize))
+    itemsize = _itemsize(first)
+    return _kept(comm, (type(first), first.dtype, nbytes), lambda: _new_flat(first, nbytes // itemsize), nbytes)
+
+
+def _itemsize(x):
+    return x.itemsize if isinstance(x, np.ndarray) else x.element_size()
 
 
 def all_reduce_many(comm, xs, op, async_op):

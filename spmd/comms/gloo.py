@@ -19,7 +19,7 @@ import torch.distributed as dist
 from torch.distributed.distributed_c10d import AllgatherOptions
 
 from .handle import after
-from .torchdist import OPS, TorchComm, as_kind, new_like, tensor
+from .torchdist import OPS, TorchComm, as_kind, tensor
 
 __all__ = ["GlooComm", "P2P_TAG"]
 
@@ -61,8 +61,8 @@ class GlooComm(TorchComm):
     """A communicator backed by a gloo process group."""
 
     def __init__(self, backend, placement, device="cpu", group=None, ranks=None, timeout=None,
-                 monitor=None, store=None):
-        super().__init__(backend, placement, device, group, ranks, timeout, monitor, store)
+                 monitor=None, store=None, caches=None):
+        super().__init__(backend, placement, device, group, ranks, timeout, monitor, store, caches)
         self._pg = group if group is not None else dist.group.WORLD  # the process group object
         self._roots = {}  # root -> (BroadcastOptions, ReduceOptions)
 
@@ -134,7 +134,7 @@ class GlooComm(TorchComm):
         if self.rank != root:
             works = [dist.isend(t, group=self._group, group_dst=root, tag=P2P_TAG)] if lengths[self.rank] else []
             return after(works, lambda: None, async_op)
-        full = tensor(out)[0] if out is not None else new_like(t, (sum(lengths),) + tuple(t.shape[1:]))
+        full = tensor(out)[0] if out is not None else self._new_like(t, (sum(lengths),) + tuple(t.shape[1:]))
         pieces = self._split(full, lengths)
         works = []
         for i, piece in enumerate(pieces):

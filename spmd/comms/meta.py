@@ -109,6 +109,7 @@ class Descriptions:
 
     def __init__(self, size):
         self.size = size
+        self.on = True  # off: nothing is kept (for measuring what keeping saves)
         self._rows = {}
         self._headers = {}
         self._sent = {}  # root's scatter headers
@@ -150,8 +151,20 @@ class Descriptions:
             hit = self._keep(self._headers, key, (kind, dtype, trail))
         return hit + (header[1 + WIDTH :].tolist(),)
 
+    def switch(self, on):
+        """Turn keeping on or off (off: what was kept is let go)."""
+        self.on = on
+        self.clear()
+
+    def clear(self):
+        """Let every kept description go."""
+        for cache in (self._rows, self._headers, self._sent, self._checked):
+            cache.clear()
+
     def _keep(self, cache, key, value):
         """Store value under key (on a miss only) and return it; a full cache starts over."""
+        if not self.on:
+            return value
         if len(cache) >= self.LIMIT:
             cache.clear()
         cache[key] = value

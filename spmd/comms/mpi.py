@@ -25,7 +25,6 @@ from .mpi_buffers import raw as _raw
 from .mpi_buffers import row_bytes as _row_bytes
 from .mpi_buffers import packer as _packer
 from .mpi_buffers import typed as _typed
-from .results import POOL as _POOL
 
 __all__ = ["MpiComm"]
 
@@ -66,11 +65,11 @@ class MpiComm(Comm):
 
     backend = "mpi"
 
-    def __init__(self, mpi_comm, placement=None, timeout=None, monitor=None):
+    def __init__(self, mpi_comm, placement=None, timeout=None, monitor=None, caches=None):
         self._c = mpi_comm
         self._rows = None  # where description rows are gathered
-        self._kept_scratch = None  # see _scratch_like
-        super().__init__(mpi_comm.Get_rank(), mpi_comm.Get_size(), placement, "cpu", timeout, monitor)
+        size = mpi_comm.Get_size()
+        super().__init__(mpi_comm.Get_rank(), size, placement, "cpu", timeout, monitor, caches)
 
     @staticmethod
     def _go(async_op, blocking, nonblocking, finish):
@@ -82,7 +81,7 @@ class MpiComm(Comm):
 
     def _empty(self, kind, dtype, shape):
         """Return a result array: a dropped one of this kind, dtype and shape, or a new one."""
-        return _POOL.empty((kind, dtype, shape), shape, _new, kind, dtype, shape)
+        return self._caches.results.empty((kind, dtype, shape), shape, _new, kind, dtype, shape)
 
     # -- direct hooks (fast paths) ----------------------------------------------
     # A blocking broadcast, reduce or all_reduce of one contiguous CPU array of
@@ -162,7 +161,7 @@ class MpiComm(Comm):
 
     def _mover(self, arrays):
         """Return a packer of these arrays into a flat buffer and back, or None (see coalesce)."""
-        return _packer(arrays)
+        return _packer(arrays, self._caches.layouts)
 
     # -- reductions and broadcast (general path) ---------------------------------
 
@@ -236,13 +235,10 @@ class MpiComm(Comm):
         """Return a 1-d buffer like a for results nobody reads, kept between calls.
 
         A fresh buffer per call would fault in its pages every time
-        (milliseconds at a few MiB here); the one kept is at most one
-        piece (PIECE bytes) and lives as long as the communicator.
+        (milliseconds at a few MiB here); the one kept (``Caches.scratch``)
+        is at most one piece (PIECE bytes), freed at finalize.
         """
-        kept = self._kept_scratch
-        if kept is None or kept.nbytes < a.nbytes:
-            kept = self._kept_scratch = np.empty(a.nbytes, np.uint8)
-        return kept[: a.nbytes].view(a.dtype).reshape(a.shape)
+        return self._caches.scratch(a.nbytes)[: a.nbytes].view(a.dtype).reshape(a.shape)
 
     def _finish_reduce(self, x, a, op, widened, back):
         if op == "avg":
@@ -317,7 +313,7 @@ class MpiComm(Comm):
         shape = (sum(lengths),) + trail
         full = out
         if full is None:
-            full = _POOL.empty((type(c), c.dtype, shape), shape, _new_like, c, shape)
+            full = self._caches.results.empty((type(c), c.dtype, shape), shape, _new_like, c, shape)
         even = lengths.count(lengths[0]) == self.size
         if even:
             recv = [_raw(full), MPI.BYTE]
@@ -397,4 +393,6 @@ class MpiComm(Comm):
 
     def _split_comm(self, color, key):
         new = self._c.Split(MPI.UNDEFINED if color is None else color, key)
-        return None if new == MPI.COMM_NULL else MpiComm(new, self.placement, self.timeout, self._mon.child())
+        if new == MPI.COMM_NULL:
+            return None
+        return MpiComm(new, self.placement, self.timeout, self._mon.child(), self._caches.child(new.Get_size()))

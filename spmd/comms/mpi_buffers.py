@@ -119,8 +119,8 @@ def displs(counts):
     return out
 
 
-def packer(arrays):
-    """Return a Packer of these arrays, or None.
+def packer(arrays, layouts):
+    """Return a Packer of these arrays, or None; layouts keeps committed datatypes (a caches.Kept).
 
     None unless the arrays are all numpy arrays or all CPU tensors, of one
     dtype, contiguous, and no two overlap (MPI may not receive into
@@ -148,33 +148,15 @@ def packer(arrays):
             addrs.append(a.data_ptr())
             sizes.append(a.nbytes)
     key = (*addrs, *sizes)
-    layout = _LAYOUTS.get(key)
+    # Committed datatypes are kept per (addresses, sizes): a training loop
+    # reduces the same arrays every step, and a datatype names memory by
+    # address, so the one made for these is the one that would be made again.
+    layout = layouts.get(key)
     if layout is None:
-        layout = _LAYOUTS[key] = _layout(addrs, sizes)
+        layout = _layout(addrs, sizes)
+        if not layouts.put(key, layout) and layout is not False:
+            return Packer(*layout, owned=True)  # not kept: freed after its unpack
     return None if layout is False else Packer(*layout)
-
-
-class _Layouts(dict):
-    """Committed datatypes per (addresses, sizes): a training loop reduces the same arrays every step.
-
-    A datatype names memory by address, so one made for these addresses
-    and sizes is the one that would be made again, whatever arrays live
-    there now.  Kept up to LIMIT layouts; beyond, they are freed and the
-    cache starts over (nothing uses them between calls).
-    """
-
-    LIMIT = 16
-
-    def __setitem__(self, key, layout):
-        if len(self) >= self.LIMIT:
-            for old in self.values():
-                if old is not False and not MPI.Is_finalized():
-                    old[0].Free()
-            self.clear()
-        super().__setitem__(key, layout)
-
-
-_LAYOUTS = _Layouts()
 
 
 def _layout(addrs, sizes):
@@ -194,15 +176,20 @@ class Packer:
     MPI moves the bytes (a send to this process itself over a datatype
     that names each array's address, from ``MPI.BOTTOM``): one call for
     200 arrays where a Python loop makes 200, at about 1 us each.
-    The datatype is kept for the next call with the same layout.
+    The datatype is kept for the next call with the same layout, unless
+    owned: then ``unpack`` frees it.
     """
 
-    def __init__(self, datatype, nbytes):
+    def __init__(self, datatype, nbytes, owned=False):
         self._type = datatype
         self.nbytes = nbytes  # of all the arrays together
+        self._owned = owned
 
     def pack(self, flat):
         MPI.COMM_SELF.Sendrecv([MPI.BOTTOM, 1, self._type], 0, 0, [raw(flat), MPI.BYTE], 0, 0)
 
     def unpack(self, flat):
         MPI.COMM_SELF.Sendrecv([raw(flat), MPI.BYTE], 0, 0, [MPI.BOTTOM, 1, self._type], 0, 0)
+        if self._owned:
+            self._type.Free()
+            self._owned = False

@@ -37,7 +37,7 @@ import numpy as np
 
 from ..settings import parse_keep_results
 
-__all__ = ["Results", "POOL", "MIN_ITEMS", "PER_SHAPE"]
+__all__ = ["Results", "MIN_ITEMS", "PER_SHAPE"]
 
 #: Results with fewer items are made fresh every time.
 MIN_ITEMS = 16 << 10
@@ -85,7 +85,7 @@ def limit_from(environ, local_size=1):
 
 
 class Results:
-    """The kept result buffers of this process, shared by its communicators."""
+    """The kept result buffers of one world, shared by its communicators (``Caches.results``)."""
 
     def __init__(self, limit=None):
         self._limit = limit  # None: read SPMD_KEEP_RESULTS at first use
@@ -99,6 +99,10 @@ class Results:
         if self._limit is None:
             self._limit = limit_from(os.environ)
         return self._limit
+
+    def configure_limit(self, limit):
+        """Set the limit in bytes (0: keep nothing; None: SPMD_KEEP_RESULTS at first use)."""
+        self._limit = limit
 
     def configure(self, environ, local_size=1):
         """Set the limit from SPMD_KEEP_RESULTS and the ranks on this node (spmd.init)."""
@@ -197,5 +201,3 @@ def _use_count():
     torch = sys.modules.get("torch")
     return getattr(getattr(torch, "_C", None), "_storage_Use_Count", None)
 
-
-POOL = Results()

@@ -13,8 +13,8 @@ class SerialComm(Comm):
 
     backend = "serial"
 
-    def __init__(self, placement=None, device="cpu", timeout=None, monitor=None):
-        super().__init__(0, 1, placement, device, timeout, monitor)
+    def __init__(self, placement=None, device="cpu", timeout=None, monitor=None, caches=None):
+        super().__init__(0, 1, placement, device, timeout, monitor, caches)
 
     @staticmethod
     def _give(result, async_op):
@@ -60,7 +60,9 @@ class SerialComm(Comm):
         return objs[0]
 
     def _split_comm(self, color, key):
-        return None if color is None else SerialComm(self.placement, self.device, self.timeout, self._mon.child())
+        if color is None:
+            return None
+        return SerialComm(self.placement, self.device, self.timeout, self._mon.child(), self._caches.child(1))
 
 
 def _into(out, x):

@@ -18,9 +18,8 @@ from . import stuck
 from .arrays import contiguous
 from .base import Comm
 from .handle import Done, Handle
-from .results import POOL
 
-__all__ = ["TorchComm", "OPS", "tensor", "as_kind", "new_like"]
+__all__ = ["TorchComm", "OPS", "tensor", "as_kind"]
 
 OPS = {
     "sum": dist.ReduceOp.SUM,
@@ -45,11 +44,6 @@ def as_kind(t, kind):
     return t.numpy() if kind == "numpy" else t
 
 
-def new_like(t, shape):
-    """Return a result tensor like t of this shape: a dropped one, or a new one."""
-    return POOL.empty((t.dtype, t.device, shape), shape, t.new_empty, shape)
-
-
 def _wire(t):
     """Return t as torch.distributed's scatter and gather take it: complex as its real view (same memory)."""
     return torch.view_as_real(t) if t.is_complex() else t
@@ -66,7 +60,7 @@ class TorchComm(Comm):
 
     def __init__(
         self, backend, placement, device="cpu", group=None, ranks=None, timeout=None,
-        monitor=None, store=None,
+        monitor=None, store=None, caches=None,
     ):
         self.backend = backend
         self._group = group
@@ -74,7 +68,7 @@ class TorchComm(Comm):
         self._store = store  # the rendezvous store, for reports on timeouts
         rank = dist.get_rank(group)
         size = dist.get_world_size(group)
-        super().__init__(rank, size, placement, device, timeout, monitor)
+        super().__init__(rank, size, placement, device, timeout, monitor, caches)
         # Every communicator split from this world, released with it at finalize.
         self._family = weakref.WeakSet([self])
 
@@ -117,7 +111,11 @@ class TorchComm(Comm):
 
     def _empty(self, kind, dtype, shape):
         """Return a result tensor: a dropped one of this kind, dtype and shape, or a new one."""
-        return POOL.empty((kind, dtype, shape, self.device), shape, _new, kind, dtype, shape, self.device)
+        return self._caches.results.empty((kind, dtype, shape, self.device), shape, _new, kind, dtype, shape, self.device)
+
+    def _new_like(self, t, shape):
+        """Return a result tensor like t of this shape: a dropped one, or a new one."""
+        return self._caches.results.empty((t.dtype, t.device, shape), shape, t.new_empty, shape)
 
     # -- reductions and broadcast ----------------------------------------------
 
@@ -191,7 +189,7 @@ class TorchComm(Comm):
         if out is not None and lengths.count(send.shape[0]) == self.size:
             full = tensor(out)[0]
         else:
-            full = new_like(send, (self.size * send.shape[0],) + tuple(send.shape[1:]))
+            full = self._new_like(send, (self.size * send.shape[0],) + tuple(send.shape[1:]))
         return list(full.chunk(self.size))
 
     def _results(self, recv, lengths, x, top, out):
@@ -297,7 +295,7 @@ class TorchComm(Comm):
             if c == color:
                 mine = type(self)(
                     self.backend, self.placement, self.device, group, ranks, self.timeout,
-                    self._mon.child(), self._store,
+                    self._mon.child(), self._store, self._caches.child(len(ranks)),
                 )
                 mine._family = self._family
                 self._family.add(mine)

@@ -250,7 +250,9 @@ if comm.backend == "mpi":  # large blocking allreduces run in pieces; make piece
         mpi_backend.PIECE = saved
 
 # -- large results are reused once dropped, never while held -----------------------
-from spmd.comms.results import MIN_ITEMS, POOL  # noqa: E402
+from spmd.comms.results import MIN_ITEMS  # noqa: E402
+
+POOL = comm._caches.results  # the world's results pool
 
 rows = MIN_ITEMS // 4 + 1  # each rank's (rows, 4): past the size the pool keeps
 for kind in ["numpy"] + ([] if NUMPY_ONLY else ["torch"]):
@@ -353,6 +355,7 @@ if n > 1:
     raises(lambda: comm.gather(np.zeros((1, r + 1))), ["same shape after dim 0"], "gather trailing shapes differ")
 comm.barrier()
 backend, launcher = comm.backend, comm.launcher
+caches = comm._caches
 
 
 def thread_names():
@@ -370,6 +373,9 @@ def thread_names():
 # (half, firsts) are still referenced: a worker that outlives it can free a
 # tensor during interpreter teardown and abort the process at exit.
 spmd.finalize()
+# finalize lets go of everything the communicators kept (spmd.comms.caches)
+ok(caches.nbytes == 0 and len(caches.flat) == 0 and len(caches.layouts) == 0,
+   f"caches cleared at finalize ({caches.nbytes} bytes, {len(caches.flat)} flat, {len(caches.layouts)} layouts)")
 # The timeout watcher has ended too: a daemon thread left holding the
 # communicator frees its tensors during interpreter teardown, and aborts.
 ok(not [t for t in threading.enumerate() if t.name == "spmd-timeout"], "timeout thread ended at finalize")

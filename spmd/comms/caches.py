@@ -1,0 +1,169 @@
+"""Every piece of performance state a communicator keeps: one owner, a bound, an end.
+
+Each communicator owns one :class:`Caches` (``comm._caches``).  What it holds:
+
+========== ===================================================== =========================================
+name       what                                                   bound
+========== ===================================================== =========================================
+descs      description rows, checked lengths and scatter headers  ``Descriptions.LIMIT`` entries per table
+           per shape (:class:`~spmd.comms.meta.Descriptions`)     (a row is ``WIDTH + size`` int64)
+results    buffers of large results, handed out again once the    ``SPMD_KEEP_RESULTS`` bytes (default 1 GiB,
+           program drops them (:class:`~spmd.comms.results.       at most RAM/8 per rank on the node);
+           Results`); shared by a world and its sub-communicators one pool per process's world
+flat       the coalesced all_reduce's flat buffers and their      ``FLAT_COUNT`` lists, and the results
+           views, per list layout                                 pool's limit in bytes
+layouts    the mpi packer's committed datatypes per (addresses,   ``LAYOUT_COUNT`` layouts
+           sizes)
+scratch    mpi's buffer for results nobody reads (reduce on the   one buffer of at most one piece (16 MiB)
+           ranks other than root, from 256 KiB)
+========== ===================================================== =========================================
+
+``clear()`` lets everything go (committed datatypes are freed) for this
+communicator and every one split from it; the runtime calls it at
+finalize.  ``switch(name, False)`` turns one cache off, for measuring
+what it is worth (``python -m spmd.bench.caches``; docs/performance.md).
+"""
+
+import weakref
+
+from ..errors import SettingsError
+from .meta import Descriptions
+from .results import Results
+
+__all__ = ["Caches", "Kept", "NAMES", "FLAT_COUNT", "LAYOUT_COUNT"]
+
+NAMES = ("descs", "results", "flat", "layouts", "scratch")
+#: Coalesced lists whose flat buffers are kept at a time (a training loop has one or two).
+FLAT_COUNT = 8
+#: Committed datatypes kept at a time.
+LAYOUT_COUNT = 16
+
+
+class Kept:
+    """A small table of reusable things, bounded in count and bytes; full, it starts over.
+
+    ``release(value)`` is called on everything let go (the mpi layouts free
+    their datatypes there).
+    """
+
+    def __init__(self, count, nbytes=None, release=None):
+        self.count = count
+        self.limit = nbytes  # None: count only; a callable: read when storing
+        self._release = release
+        self._table = {}
+        self.nbytes = 0
+
+    def get(self, key):
+        return self._table.get(key)
+
+    def put(self, key, value, nbytes=0):
+        """Keep value under key when it fits the bounds; tell whether it was kept."""
+        limit = self.limit() if callable(self.limit) else self.limit
+        if self.count <= 0 or (limit is not None and nbytes > limit):
+            return False
+        if len(self._table) >= self.count or (limit is not None and self.nbytes + nbytes > limit):
+            self.clear()
+        self._table[key] = value
+        self.nbytes += nbytes
+        return True
+
+    def clear(self):
+        if self._release is not None:
+            for value in self._table.values():
+                self._release(value)
+        self._table.clear()
+        self.nbytes = 0
+
+    def __len__(self):
+        return len(self._table)
+
+
+class Caches:
+    """The performance state of one communicator (see the module docstring)."""
+
+    def __init__(self, size, results=None):
+        self.size = size
+        self.descs = Descriptions(size)
+        self._owns_results = results is None
+        self.results = Results() if results is None else results
+        self.flat = Kept(FLAT_COUNT, lambda: self.results.limit)
+        self.layouts = Kept(LAYOUT_COUNT, release=_free_layout)
+        self._scratch = None
+        self._scratch_on = True
+        self._children = weakref.WeakSet()
+
+    def child(self, size):
+        """Return the caches of a communicator split from this one (sharing the results pool)."""
+        sub = Caches(size, self.results)
+        for name in NAMES:
+            if not self.on(name):
+                sub.switch(name, False)
+        self._children.add(sub)
+        return sub
+
+    def scratch(self, nbytes):
+        """Return a uint8 numpy buffer of at least nbytes whose contents nobody reads (kept)."""
+        import numpy as np
+
+        kept = self._scratch
+        if kept is None or kept.nbytes < nbytes:
+            kept = np.empty(nbytes, np.uint8)
+            if self._scratch_on:
+                self._scratch = kept
+        return kept
+
+    def on(self, name):
+        """Tell whether cache name is on."""
+        return {
+            "descs": self.descs.on,
+            "results": self.results.limit != 0,
+            "flat": self.flat.count > 0,
+            "layouts": self.layouts.count > 0,
+            "scratch": self._scratch_on,
+        }[name]
+
+    def switch(self, name, on):
+        """Turn cache name on or off (off: everything it held is let go, nothing is kept)."""
+        if name not in NAMES:
+            raise SettingsError(f"unknown cache {name!r}; expected one of {', '.join(NAMES)}")
+        if name == "descs":
+            self.descs.switch(on)
+        elif name == "results":
+            self.results.clear()
+            self.results.configure_limit(None if on else 0)
+        elif name == "flat":
+            self.flat.clear()
+            self.flat.count = FLAT_COUNT if on else 0
+        elif name == "layouts":
+            self.layouts.clear()
+            self.layouts.count = LAYOUT_COUNT if on else 0
+        else:
+            self._scratch, self._scratch_on = None, on
+
+    @property
+    def nbytes(self):
+        """Bytes of buffers held (results pool, flat buffers, scratch)."""
+        scratch = 0 if self._scratch is None else self._scratch.nbytes
+        return self.results.nbytes + self.flat.nbytes + scratch
+
+    def clear(self):
+        """Let everything go, here and in every communicator split from this one."""
+        for sub in list(self._children):
+            sub.clear()
+        self.descs.clear()
+        if self._owns_results:
+            self.results.clear()
+        self.flat.clear()
+        self.layouts.clear()
+        self._scratch = None
+
+
+def _free_layout(layout):
+    """Free a kept mpi layout's committed datatype (False marks arrays that overlap)."""
+    if layout is False:
+        return
+    import sys
+
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and not mpi.Is_finalized():
+        layout[0].Free()
