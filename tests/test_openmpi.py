@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import MPIRUN, PY, REPO, WORLDS, assert_world, checks_passed, clean_env, run, start
+from conftest import MPIRUN, PY, REPO, WORLDS, assert_world, checks_passed, clean_env, missing, run, start
 
 pytestmark = pytest.mark.launcher
 
@@ -69,7 +69,7 @@ def test_world_under_openmpi_mpirun(openmpi, backend):
 def mpich_python_under_openmpi(openmpi):
     """Open MPI's mpirun starting the MAIN env's python (mpi4py on MPICH): 2 ranks."""
     if importlib.util.find_spec("mpi4py") is None:
-        pytest.skip("the main environment has no mpi4py")
+        missing("the main environment has no mpi4py")
     mpirun, _ = openmpi
     return run(ompi_run(mpirun, 2, PY, CHECK), timeout=60, env=clean_env(**ROOT_OK),
                what="Open MPI mpirun with the MPICH mpi4py")
@@ -93,7 +93,7 @@ def test_mpich_mpi4py_under_openmpi_says_why(mpich_python_under_openmpi):
 def test_openmpi_mpi4py_under_mpich_mpirun_is_a_singleton_error(openmpi):
     """The mirror trap: MPICH's mpirun (Hydra) starting the Open MPI env's python."""
     if MPIRUN is None:
-        pytest.skip("no MPICH mpirun in the main environment")
+        missing("no MPICH mpirun in the main environment")
     _, python = openmpi
     result = run([MPIRUN, "-n", 2, python, "-m", "spmd", CHECK], timeout=60, env=clean_env(),
                  what="MPICH mpirun with the Open MPI mpi4py")
