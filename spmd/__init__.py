@@ -26,26 +26,40 @@ __all__ = [
     "CollectiveError",
     "CollectiveTimeout",
     "PipelineError",
+    "PipelineValueError",
+    "PipelineTypeError",
+    "SourceError",
+    "SourceTypeError",
+    "TaskError",
     "DataParallelError",
     "CheckpointError",
     "SubmitError",
     "LaunchError",
+    "BenchError",
+    "BenchArgumentError",
 ]
 
 from ._proxy import comm
-from .errors import (
+from .errors import (  # every error spmd raises: the tree under SpmdError
     BackendError,
+    BenchArgumentError,
+    BenchError,
     CheckpointError,
     CollectiveError,
     CollectiveTimeout,
     DataParallelError,
     LaunchError,
     PipelineError,
+    PipelineTypeError,
+    PipelineValueError,
     PlacementError,
     RendezvousError,
     SettingsError,
+    SourceError,
+    SourceTypeError,
     SpmdError,
     SubmitError,
+    TaskError,
 )
 from .runtime import finalize, init, initialized
 
