@@ -21,11 +21,11 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent / "spmd"
 KNOWN = set()
 
 
-def modules():
-    """Map each module name under spmd/ to its file."""
+def modules(root=ROOT):
+    """Map each module name under root (a package named spmd) to its file."""
     found = {}
-    for path in sorted(ROOT.rglob("*.py")):
-        parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    for path in sorted(root.rglob("*.py")):
+        parts = path.relative_to(root.parent).with_suffix("").parts
         if parts[-1] == "__init__":
             parts = parts[:-1]
         found[".".join(parts)] = path
@@ -72,8 +72,8 @@ def imports(name, path, known):
     return edges
 
 
-def graph():
-    known = modules()
+def graph(root=ROOT):
+    known = modules(root)
     return {name: imports(name, path, known) for name, path in known.items()}
 
 
@@ -133,14 +133,37 @@ def describe(edges, parts):
     return "\n".join(lines)
 
 
-def test_the_graph_sees_every_kind_of_import():
-    edges = graph()
-    assert "spmd.errors" in edges["spmd.runtime"]  # from .errors import ... at module level
-    assert "spmd.comms.serial" in edges["spmd.runtime"]  # inside a function
-    assert "spmd.comms" in edges["spmd.runtime"]  # the package's __init__ runs first
-    assert "spmd.runtime" in edges["spmd"]  # from .runtime import ...
-    assert "spmd.comms.base" in edges["spmd"]  # from .comms import base: a submodule
-    assert "spmd" not in edges["spmd.preempt"]  # its own package ran before it
+def test_the_graph_sees_every_kind_of_import(tmp_path):
+    files = {
+        "__init__.py": "from .run import go\n",
+        "errors.py": "",
+        "run.py": ("import os\nfrom .errors import E\nfrom . import tool\nfrom . import name_in_init\n"
+                   "def go():\n    from .pkg.deep import f\n    import spmd.other\n"),
+        "tool.py": "from .pkg import deep, NAME\n",
+        "other.py": "import spmd\nfrom .. import outside\n",
+        "pkg/__init__.py": "NAME = 1\n",
+        "pkg/deep.py": "from . import NAME\nfrom ..errors import E\n",
+    }
+    for name, text in files.items():
+        (tmp_path / "spmd" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "spmd" / name).write_text(text)
+    edges = graph(tmp_path / "spmd")
+    assert edges["spmd"] == {"spmd.run"}
+    # module level, a submodule by from-import, and inside a function (with the package's __init__)
+    assert edges["spmd.run"] == {"spmd.errors", "spmd.tool", "spmd.pkg", "spmd.pkg.deep", "spmd.other"}
+    assert edges["spmd.tool"] == {"spmd.pkg", "spmd.pkg.deep"}  # a name of pkg is an edge to pkg only
+    assert edges["spmd.other"] == set()  # its own package ran before it
+    assert edges["spmd.pkg.deep"] == {"spmd.errors"}  # pkg, its own package, ran first
+    assert edges["spmd.pkg"] == set()
+    assert components(edges) == []
+
+
+def test_every_cycle_is_named():
+    edges = {"a": {"b"}, "b": {"a", "c"}, "c": {"a"}, "d": {"a"}, "e": {"f"}, "f": {"e"}}
+    parts = components(edges)
+    assert parts == [("a", "b", "c"), ("e", "f")]
+    assert describe(edges, parts) == (
+        "cycle among a, b, c:\n    a -> b -> a\n    a -> b -> c -> a\ncycle among e, f:\n    e -> f -> e")
 
 
 def test_no_import_cycle():
