@@ -90,6 +90,7 @@ class Caches:
         self.layouts = Kept(LAYOUT_COUNT, release=_free_layout)
         self._scratch = None
         self._scratch_on = True
+        self._results_limit = None  # the pool's limit while switched off
         self._children = weakref.WeakSet()
 
     def child(self, size):
@@ -130,7 +131,9 @@ class Caches:
             self.descs.switch(on)
         elif name == "results":
             self.results.clear()
-            self.results.configure_limit(None if on else 0)
+            if not on and self.results.limit:
+                self._results_limit = self.results.limit  # restored when switched on again
+            self.results.configure_limit(self._results_limit if on else 0)
         elif name == "flat":
             self.flat.clear()
             self.flat.count = FLAT_COUNT if on else 0
