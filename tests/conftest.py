@@ -28,6 +28,19 @@ def missing(reason):
     pytest.skip(reason)
 
 
+# The variables by which a launcher places a process: the pytest process itself runs alone
+# (a world of one) whatever started it, so in-process tests do not depend on the shell.
+PLACEMENT = ("PMI_", "PMIX_", "OMPI_", "MV2_", "MPI_LOCAL", "SLURM_", "GROUP_", "ROLE_",
+             "TORCHELASTIC_", "SPMD_RANK", "SPMD_SIZE", "SPMD_LOCAL_", "SPMD_NODE_RANK",
+             "SPMD_NUM_NODES", "SPMD_LISTEN_FD")
+PLACEMENT_NAMES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def pytest_configure(config):
+    for name in [k for k in os.environ if k.startswith(PLACEMENT) or k in PLACEMENT_NAMES]:
+        del os.environ[name]
+
+
 # -- tiers: every test is exactly one of these (setup.cfg registers them, docs/testing.md) --
 
 TIERS = ("unit", "launcher", "slurm")
