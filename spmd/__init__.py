@@ -19,6 +19,7 @@ __all__ = [
     "Comm",
     "Handle",
     "SpmdError",
+    "SpmdTypeError",
     "SettingsError",
     "PlacementError",
     "BackendError",
@@ -58,6 +59,7 @@ from .errors import (  # every error spmd raises: the tree under SpmdError
     SourceError,
     SourceTypeError,
     SpmdError,
+    SpmdTypeError,
     SubmitError,
     TaskError,
 )

@@ -7,6 +7,7 @@ from ``ValueError``, a timeout from ``TimeoutError``, so code written
 against the builtins keeps working.
 
     SpmdError (RuntimeError)
+    +-- SpmdTypeError (TypeError)       a value of a type spmd cannot use
     +-- SettingsError (ValueError)      a bad SPMD_* variable or init argument
     +-- PlacementError (ValueError)     the launcher's environment is inconsistent
     +-- BackendError (ValueError)       a backend unknown or unusable here
@@ -29,6 +30,7 @@ against the builtins keeps working.
 
 __all__ = [
     "SpmdError",
+    "SpmdTypeError",
     "SettingsError",
     "PlacementError",
     "BackendError",
@@ -54,6 +56,10 @@ __all__ = [
 
 class SpmdError(RuntimeError):
     """Base class of every error spmd raises on purpose."""
+
+
+class SpmdTypeError(SpmdError, TypeError):
+    """spmd was given a value of a type it cannot use (a callback that is not callable, ...)."""
 
 
 class SettingsError(SpmdError, ValueError):

@@ -44,7 +44,7 @@ import threading
 import traceback
 from typing import Callable
 
-from .errors import SettingsError
+from .errors import SettingsError, SpmdTypeError
 from .settings import parse_preempt_signal
 
 __all__ = ["on_preempt", "preempted", "any_preempted", "install", "signal_number", "reset"]
@@ -111,7 +111,7 @@ def install(sig: str | int | None = None) -> int:
 def on_preempt(fn: Callable[[], object]) -> Callable[[], object]:
     """Run fn() once when the preemption signal comes (at once if it came); return fn."""
     if not callable(fn):
-        raise TypeError(f"on_preempt needs a callable, got {fn!r}")
+        raise SpmdTypeError(f"on_preempt needs a callable, got {fn!r}")
     install()
     with _lock:
         _callbacks.append(fn)

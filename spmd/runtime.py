@@ -204,7 +204,7 @@ def init(backend=None, timeout=None, debug=None, trace=None):
             settings = Settings.parse(os.environ, backend, timeout, debug, trace)
             _comm, _guards = _start(settings, os.environ)
             _register_abort(_comm, _guards)
-            _comm._caches.results.configure(os.environ, _comm.local_size)
+            _comm._caches.results.configure(settings.keep_results, _comm.local_size)
             if _comm.size > 1:
                 _install_excepthook()
                 # Nobody leaves init (and perhaps the job) while a peer still joins.

@@ -104,9 +104,9 @@ class Results:
         """Set the limit in bytes (0: keep nothing; None: SPMD_KEEP_RESULTS at first use)."""
         self._limit = limit
 
-    def configure(self, environ, local_size=1):
-        """Set the limit from SPMD_KEEP_RESULTS and the ranks on this node (spmd.init)."""
-        self._limit = limit_from(environ, local_size)
+    def configure(self, keep_results, local_size=1):
+        """Set the limit from SPMD_KEEP_RESULTS as parsed (None: the default) and the ranks on this node."""
+        self._limit = _default_limit(local_size) if keep_results is None else keep_results
 
     def empty(self, key, shape, make, *args):
         """Return a dropped buffer kept under key, else make(*args) (kept when there is room).
