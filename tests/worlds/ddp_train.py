@@ -10,6 +10,7 @@ torch.distributed's.  Rank 0 writes the final state_dict to OUT.pt.
 """
 
 import argparse
+import gc
 import importlib.util
 from pathlib import Path
 
@@ -51,6 +52,11 @@ def main():
     if rank == 0:
         torch.save(model.state_dict(), args.out)
     print(f"DDP OK rank {rank} size {size}", flush=True)
+    # DDP's reducer holds the process group, and gloo's worker threads stop only
+    # once nothing holds it: left to interpreter teardown, one that frees a tensor
+    # aborts the process ("terminate called without an active exception").
+    del ddp, optimizer, model
+    gc.collect()
     dist.destroy_process_group()
 
 
