@@ -8,8 +8,10 @@ one.  A call goes through three steps:
 2. **The direct hook.**  A blocking call with debug and trace off is
    first offered to the backend's ``_direct_<name>`` hook, which may take
    it by address (no views, copies or closures).  It returns
-   ``(fn, args)``, where ``fn(*args)`` runs the collective and returns
-   the call's result, or ``None`` to decline.  Direct hooks get ``x``
+   ``(fn, args)``, where ``fn(*args)`` runs the collective, or ``None`` to
+   decline.  For the in-place collectives (broadcast, reduce, all_reduce)
+   the call's result is ``x``; for scatter and the gathers it is what
+   ``fn(*args)`` returns.  Direct hooks get ``x``
    and ``out`` *unchecked* (they must decline anything but the plain
    contiguous arrays they move), ``root`` checked, and ``op`` as the
    caller spelled it (decline a name you do not know).
@@ -177,8 +179,9 @@ class Comm(abc.ABC):
         """Return the communicator of the ranks that passed this color (ordered by key), None for color None."""
 
     # -- optional hooks: fast paths, devices, release --------------------------------
-    # Direct hooks return (fn, args) with fn(*args) giving the call's result, or
-    # None to leave the call to the general hook.  Offered blocking calls only,
+    # Direct hooks return (fn, args) with fn(*args) running the call (and, for
+    # scatter and the gathers, giving its result), or None to leave the call to
+    # the general hook.  Offered blocking calls only,
     # with debug and trace off; x and out unchecked, root checked, op as given.
 
     def _direct_broadcast(self, x, root):
@@ -305,7 +308,8 @@ class Comm(abc.ABC):
         if not async_op and not self._mon.active:
             go = self._direct_broadcast(x, root)
             if go is not None:
-                return self._call(go[0], go[1], "broadcast", x, root)
+                self._call(go[0], go[1], "broadcast", x, root)
+                return x
         return self._call(self._broadcast, (self._array(x), root, async_op), "broadcast", x, root, None, async_op)
 
     def reduce(self, x, root=0, op="sum", async_op=False):
@@ -314,7 +318,8 @@ class Comm(abc.ABC):
         if not async_op and not self._mon.active:
             go = self._direct_reduce(x, root, op)
             if go is not None:
-                return self._call(go[0], go[1], "reduce", x, root, op)
+                self._call(go[0], go[1], "reduce", x, root, op)
+                return x
         op = check_op(op, self._array(x))
         return self._call(self._reduce, (x, root, op, async_op), "reduce", x, root, op, async_op)
 
@@ -329,7 +334,8 @@ class Comm(abc.ABC):
         if not async_op and chunk_bytes is None and not self._mon.active:
             go = self._direct_all_reduce(x, op)
             if go is not None:
-                return self._call(go[0], go[1], "all_reduce", x, None, op)
+                self._call(go[0], go[1], "all_reduce", x, None, op)
+                return x
         if isinstance(x, (list, tuple)):
             from .coalesce import all_reduce_many
 

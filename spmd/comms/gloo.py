@@ -51,10 +51,9 @@ def _plain(x):
     return None
 
 
-def _run(result, fn, t, opts):
-    """Run fn([t], opts) on the process group, wait for it, and return result."""
+def _run(fn, t, opts):
+    """Run fn([t], opts) on the process group and wait for it."""
     fn([t], opts).wait()
-    return result
 
 
 class GlooComm(TorchComm):
@@ -86,14 +85,14 @@ class GlooComm(TorchComm):
         t = _plain(x)
         if t is None or self._pg is None:
             return None
-        return _run, (x, self._pg.broadcast, t, self._root_options(root)[0])
+        return _run, (self._pg.broadcast, t, self._root_options(root)[0])
 
     def _direct_all_reduce(self, x, op):
         opts = _REDUCE_OPTIONS.get(op) if type(op) is str else None
         t = None if opts is None else _plain(x)
         if t is None or self._pg is None:
             return None
-        return _run, (x, self._pg.allreduce, t, opts)
+        return _run, (self._pg.allreduce, t, opts)
 
     def _direct_reduce(self, x, root, op):
         t = _plain(x) if type(op) is str and op in _REDUCE_OPTIONS else None
@@ -103,7 +102,7 @@ class GlooComm(TorchComm):
         opts.reduceOp = OPS[op]
         if self.rank != root:
             t = t.clone()  # gloo leaves partial results in non-root buffers
-        return _run, (x, self._pg.reduce, t, opts)
+        return _run, (self._pg.reduce, t, opts)
 
     # -- scatter and gather, point to point ----------------------------------------
 

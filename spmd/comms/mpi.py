@@ -96,14 +96,14 @@ class MpiComm(Comm):
             return None
         # As bytes, like the general path: the type signatures of all ranks
         # must match, whichever path each rank takes.
-        return _returning, (x, self._c.Bcast, _bytes(buf), root)
+        return self._c.Bcast, (_bytes(buf), root)
 
     def _direct_all_reduce(self, x, op):
         mop = _FAST_OPS.get(op) if type(op) is str else None
         buf = None if mop is None else _direct(x)
         if buf is None or x.nbytes >= 2 * PIECE:  # larger: in pieces, on the general path
             return None
-        return _returning, (x, self._c.Allreduce, MPI.IN_PLACE, buf, mop)
+        return self._c.Allreduce, (MPI.IN_PLACE, buf, mop)
 
     def _direct_reduce(self, x, root, op):
         mop = _FAST_OPS.get(op) if type(op) is str else None
@@ -111,8 +111,8 @@ class MpiComm(Comm):
         if buf is None or x.nbytes >= REDUCE_BY_ALLREDUCE:
             return None
         if self.rank == root:
-            return _returning, (x, self._c.Reduce, MPI.IN_PLACE, buf, mop, root)
-        return _returning, (x, self._c.Reduce, buf, None, mop, root)
+            return self._c.Reduce, (MPI.IN_PLACE, buf, mop, root)
+        return self._c.Reduce, (buf, None, mop, root)
 
     def _same_layout(self, x, out, rows):
         """Tell whether out is x's dtype with rows rows of x's trailing shape."""
