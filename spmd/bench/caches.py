@@ -40,7 +40,6 @@ def _cases(comm, kind):
     big = arr((BIG // 4,))
     big_chunks = arr((n * BIG // 4,)) if r == 0 else None
     grads = [arr((1024,)) for _ in range(200)]
-    reduced = arr(((4 << 20) // 4,))
     cases = [
         ("descs", "all_gather 8 B (plain)", lambda: comm.all_gather(small)),
         ("descs", "gather uneven rows of 256 B", lambda: comm.gather(uneven, 0)),
@@ -52,7 +51,6 @@ def _cases(comm, kind):
     if comm.backend == "mpi":
         cases += [
             ("layouts", "all_reduce of 200 x 4 KiB", lambda: comm.all_reduce(grads)),
-            ("scratch", "reduce 4 MiB to root 0", lambda: comm.reduce(reduced, 0)),
         ]
     return cases
 

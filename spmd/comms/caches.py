@@ -14,8 +14,6 @@ flat       the coalesced all_reduce's flat buffers and their      ``FLAT_COUNT``
            views, per list layout                                 pool's limit in bytes
 layouts    the mpi packer's committed datatypes per (addresses,   ``LAYOUT_COUNT`` layouts
            sizes)
-scratch    mpi's buffer for results nobody reads (reduce on the   one buffer of at most one piece (16 MiB)
-           ranks other than root, from 256 KiB)
 ========== ===================================================== =========================================
 
 ``clear()`` lets everything go (committed datatypes are freed) for this
@@ -32,7 +30,7 @@ from .results import Results
 
 __all__ = ["Caches", "Kept", "NAMES", "FLAT_COUNT", "LAYOUT_COUNT"]
 
-NAMES = ("descs", "results", "flat", "layouts", "scratch")
+NAMES = ("descs", "results", "flat", "layouts")
 #: Coalesced lists whose flat buffers are kept at a time (a training loop has one or two).
 FLAT_COUNT = 8
 #: Committed datatypes kept at a time.
@@ -88,8 +86,6 @@ class Caches:
         self.results = Results() if results is None else results
         self.flat = Kept(FLAT_COUNT, lambda: self.results.limit)
         self.layouts = Kept(LAYOUT_COUNT, release=_free_layout)
-        self._scratch = None
-        self._scratch_on = True
         self._results_limit = None  # the pool's limit while switched off
         self._children = weakref.WeakSet()
 
@@ -102,17 +98,6 @@ class Caches:
         self._children.add(sub)
         return sub
 
-    def scratch(self, nbytes):
-        """Return a uint8 numpy buffer of at least nbytes whose contents nobody reads (kept)."""
-        import numpy as np
-
-        kept = self._scratch
-        if kept is None or kept.nbytes < nbytes:
-            kept = np.empty(nbytes, np.uint8)
-            if self._scratch_on:
-                self._scratch = kept
-        return kept
-
     def on(self, name):
         """Tell whether cache name is on."""
         return {
@@ -120,7 +105,6 @@ class Caches:
             "results": self.results.limit != 0,
             "flat": self.flat.count > 0,
             "layouts": self.layouts.count > 0,
-            "scratch": self._scratch_on,
         }[name]
 
     def switch(self, name, on):
@@ -137,17 +121,14 @@ class Caches:
         elif name == "flat":
             self.flat.clear()
             self.flat.count = FLAT_COUNT if on else 0
-        elif name == "layouts":
+        else:
             self.layouts.clear()
             self.layouts.count = LAYOUT_COUNT if on else 0
-        else:
-            self._scratch, self._scratch_on = None, on
 
     @property
     def nbytes(self):
-        """Bytes of buffers held (results pool, flat buffers, scratch)."""
-        scratch = 0 if self._scratch is None else self._scratch.nbytes
-        return self.results.nbytes + self.flat.nbytes + scratch
+        """Bytes of buffers held (results pool, flat buffers)."""
+        return self.results.nbytes + self.flat.nbytes
 
     def clear(self):
         """Let everything go, here and in every communicator split from this one."""
@@ -158,7 +139,6 @@ class Caches:
             self.results.clear()
         self.flat.clear()
         self.layouts.clear()
-        self._scratch = None
 
 
 def _free_layout(layout):
