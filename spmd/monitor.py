@@ -44,7 +44,11 @@ def _nbytes(x):
     return x.numel() * x.element_size()
 
 
-def _caller():
+#: Point-to-point calls: their fingerprint's root is the peer, and op the tag.
+P2P = frozenset(("send", "recv"))
+
+
+def caller():
     """Return 'file:line' of the first frame outside the spmd package."""
     frame = sys._getframe(2)
     while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_HERE):
@@ -54,9 +58,26 @@ def _caller():
     return f"{frame.f_code.co_filename}:{frame.f_lineno}"
 
 
+_caller = caller
+
+
+def call_name(fp):
+    """Name a call for a report: 'all_reduce', or 'recv from rank 1 (tag 3)'."""
+    name, peer, tag = fp[1], fp[2], fp[3]
+    if name == "recv":
+        return f"recv from {'any rank' if peer is None else f'rank {peer}'} (tag {tag})"
+    if name == "send":
+        return f"send to rank {peer} (tag {tag})"
+    return name
+
+
 def _describe(fp):
     seq, name, root, op, dtype, shape, where = fp
     parts = [f"#{seq} {name}"]
+    if name in P2P:
+        parts.append(("from any rank" if root is None else f"from rank {root}") if name == "recv" else f"to rank {root}")
+        parts.append(f"tag {op}")
+        root = op = None
     if root is not None:
         parts.append(f"root={root}")
     if op is not None:
@@ -148,19 +169,25 @@ class Monitor:
             fp = pending
         return fp
 
+    @staticmethod
+    def name_of(fp):
+        """Name call fp for a report: 'all_reduce', or 'recv from rank 1 (tag 3)'."""
+        return call_name(fp)
+
     def recent(self):
         """Describe the last collectives this rank called, oldest first."""
         return "; ".join(_describe(fp) for fp in self.ring) or "none"
 
-    def run(self, comm, fp, hook, args, x, async_op):
-        """Run a collective with debug checks, NVTX ranges and tracing as enabled."""
+    def run(self, comm, fp, hook, args, x, async_op, collective=True):
+        """Run a call with debug checks (collectives only), NVTX ranges and tracing as enabled."""
         if self.debug:
             dtype = None if fp[4] is None else str(fp[4]).replace("torch.", "")
             fp = fp[:4] + (dtype, tuple(fp[5]), _caller())
             self.ring[-1] = fp
-            error = fingerprint_mismatch(comm._all_gather_object(fp))
-            if error:
-                raise CollectiveError(error)
+            if collective:  # point to point is checked by its receiver (spmd.comms.p2p)
+                error = fingerprint_mismatch(comm._all_gather_object(fp))
+                if error:
+                    raise CollectiveError(error)
         if self.nvtx:
             import torch
 
@@ -178,7 +205,13 @@ class Monitor:
     def _record(self, comm, fp, x, wall, start, result, async_op):
         if x is None and hasattr(result, "shape"):  # scatter: what arrived here
             x = result
+        if fp[1] == "recv" and not async_op and x is None:  # the array received, and from whom
+            x, peer = result
+        else:
+            peer = fp[2]
         event = {"name": fp[1], "seq": fp[0], "bytes": _nbytes(x), "ts": wall, "dur": None}
+        if fp[1] in P2P:
+            event["peer"], event["tag"] = peer, fp[3]
         self.events.append(event)
         if not async_op:
             event["dur"] = time.perf_counter() - start
@@ -194,8 +227,9 @@ class Monitor:
     def timeout_error(self, comm, fp, exc, peers=None):
         """Turn a backend's timeout into a CollectiveTimeout naming the call."""
         message = (
-            f"rank {comm.rank}: {fp[1]} (call #{fp[0]}) timed out after {comm.timeout:g} s "
-            f"waiting for the other ranks ({comm.backend}: {str(exc).splitlines()[0][:200]})"
+            f"rank {comm.rank}: {call_name(fp)} (call #{fp[0]}) timed out after {comm.timeout:g} s "
+            f"waiting for {'its peer' if fp[1] in P2P else 'the other ranks'} "
+            f"({comm.backend}: {str(exc).splitlines()[0][:200]})"
         )
         if peers:
             message += f". {peers}"

@@ -173,14 +173,14 @@ class MpiTimeout:
                     since[id(mon)] = (busy, now)
                 elif now - first[1] > timeout:
                     fp = mon.find(busy)
-                    name = fp[1] if fp else "a collective"
+                    name = mon.name_of(fp) if fp else "a collective"
                     self._expire(mon, busy, name)
 
     def _expire(self, mon, seq, name):
         sys.stderr.write(
             f"### spmd: rank {self.rank} of {self.size}: {name} (call #{seq}) timed "
-            f"out after {self.timeout:g} s waiting for the other ranks (mpi backend; which "
-            f"ranks are missing cannot be known). Last collectives on this rank: {mon.recent()}. "
+            f"out after {self.timeout:g} s waiting for {'its peer' if name.startswith(('send ', 'recv ')) else 'the other ranks'} "
+            f"(mpi backend; where the others wait cannot be known). Last calls on this rank: {mon.recent()}. "
             "Ending the job.\n"
         )
         sys.stderr.flush()

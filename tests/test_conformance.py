@@ -10,6 +10,7 @@ covered.  Multi-rank behaviour stays with tests/worlds/check_comm.py
 under the real launchers (tests/test_worlds.py).
 """
 
+import abc
 import inspect
 
 import numpy as np
@@ -120,8 +121,10 @@ def _backend_classes():
 def test_every_backend_implements_every_declared_hook_and_overrides_no_public_method():
     hooks = Comm.__abstractmethods__
     assert {"_broadcast", "_reduce", "_all_reduce", "_scatter", "_gather", "_all_gather", "_barrier"} <= hooks
-    public = {n for n, v in vars(Comm).items() if not n.startswith("_") and callable(v)}
-    assert {"broadcast", "scatter", "all_gather", "split", "barrier"} <= public
+    families = [k for k in Comm.__mro__ if k not in (object, abc.ABC)]
+    public = {n for k in families for n, v in vars(k).items() if not n.startswith("_") and callable(v)}
+    assert {"broadcast", "scatter", "all_gather", "split", "barrier", "send", "recv", "isend", "irecv",
+            "sendrecv", "send_object", "recv_object", "all_to_all", "reduce_scatter", "scan", "exscan"} <= public
     for cls in _backend_classes():
         assert not cls.__abstractmethods__, (cls, cls.__abstractmethods__)
         for klass in cls.__mro__[: cls.__mro__.index(Comm)]:
@@ -364,3 +367,165 @@ def test_handles():
     assert h.wait() == "result" and h.wait() == "result" and calls == ["wait"]
     assert "done" in repr(h)
     assert Layout("numpy", "float32", (3,), [2]).lengths == [2]
+
+
+# -- point to point (a world of one sends to itself) -------------------------------------------
+
+SHAPES = [(3,), (2, 3), (0, 4), ()]
+
+
+@pytest.mark.parametrize("k", KINDS, ids=ids)
+def test_send_and_recv_every_dtype_and_shape(comm, k):
+    for shape in SHAPES:
+        x = make(*k, np.arange(int(np.prod(shape))).reshape(shape) % 2)
+        comm.send(x, 0, tag=3)
+        got = comm.recv(0, tag=3)
+        assert got is not x and kind_of(got) == k[0] and tuple(got.shape) == shape, (got, shape)
+        assert got.dtype == x.dtype
+        same(got, x)
+        out = make(*k, np.zeros(shape))
+        comm.send(x, 0, tag=4)
+        assert comm.recv(None, 4, out=out) is out
+        same(out, x)
+
+
+def test_tags_keep_messages_apart_and_each_tag_is_first_in_first_out(comm):
+    comm.send(np.array([1.0]), 0, tag=1)
+    comm.send(np.array([2.0]), 0, tag=2)
+    comm.send(np.array([3.0]), 0, tag=1)
+    got, source, tag = comm.recv(tag=2, status=True)
+    assert (got.tolist(), source, tag) == ([2.0], 0, 2)
+    assert comm.recv(0, 1).tolist() == [1.0] and comm.recv(0, 1).tolist() == [3.0]
+
+
+@pytest.mark.parametrize("kind", ["numpy", "torch"])
+def test_non_contiguous_sends_and_receives(comm, kind):
+    full = make(kind, "float32" if kind == "torch" else np.float32, np.arange(12).reshape(3, 4))
+    comm.send(full.T if kind == "numpy" else full.t(), 0)
+    got = comm.recv(0)
+    same(got, np.arange(12).reshape(3, 4).T)
+    target = make(kind, "float32" if kind == "torch" else np.float32, np.zeros((4, 6)))
+    into = target[:, ::2]  # non-contiguous out: filled through a copy
+    comm.send(full.T if kind == "numpy" else full.t(), 0)
+    assert comm.recv(0, out=into) is into
+    same(target[:, ::2], np.arange(12).reshape(3, 4).T)
+    same(target[:, 1::2], np.zeros((4, 3)))
+
+
+def test_immediate_forms_and_sendrecv(comm):
+    x = torch.arange(6.0).reshape(2, 3)
+    pending = comm.irecv(None, tag=7)  # posted before the send it waits for
+    assert isinstance(pending, Handle)
+    sending = comm.isend(x, 0, tag=7)
+    got = pending.wait()
+    sending.wait()
+    same(got, x)
+    assert (pending.source, pending.tag) == (0, 7) and pending.is_completed()
+    out = np.empty(3)
+    h = comm.irecv(0, 8, out=out)
+    comm.send(np.array([1.0, 2.0, 3.0]), 0, 8)
+    assert h.wait() is out and out.tolist() == [1.0, 2.0, 3.0]
+    same(comm.sendrecv(x, 0, 0, tag=9), x)
+    same(comm.sendrecv(np.ones(2), dst=0, tag=9, out=np.zeros(2)), np.ones(2))
+    assert comm.recv(0, 5, async_op=True) is not None and comm.send(x, 0, 5, async_op=True).wait() is None
+
+
+def test_objects_point_to_point(comm):
+    comm.send_object({"work": [1, 2, 3], "array": np.arange(3)}, 0, tag=11)
+    obj, source, tag = comm.recv_object(None, 11, status=True)
+    assert obj["work"] == [1, 2, 3] and obj["array"].tolist() == [0, 1, 2] and (source, tag) == (0, 11)
+
+
+def test_point_to_point_errors(comm):
+    x = np.arange(3.0)
+    top = comm._max_tag // 8 - 1
+    for call, words in [
+        (lambda: comm.send(x, 1), "dst 1 is out of range"),
+        (lambda: comm.send(x, -1), "out of range"),
+        (lambda: comm.recv(2), "src 2 is out of range"),
+        (lambda: comm.send(x, 0, tag=-1), "tag -1 is not allowed"),
+        (lambda: comm.send(x, 0, tag="a"), "tag 'a' is not allowed"),
+        (lambda: comm.send(x, 0, tag=top + 1), f"integers from 0 to {top}"),
+        (lambda: comm.send([1.0], 0), "must be a torch.Tensor or a numpy.ndarray"),
+    ]:
+        with pytest.raises(spmd.CollectiveError, match=words):
+            call()
+    comm.send(x, 0, tag=12)
+    comm.send(np.arange(2.0), 0, tag=12)
+    with pytest.raises(spmd.CollectiveError, match=r"out is a float32 array of shape \(3,\) but rank 0 sent float64"):
+        comm.recv(0, 12, out=np.zeros(3, np.float32))
+    assert comm.recv(0, 12).tolist() == [0.0, 1.0]  # the mismatched message was drained
+    if comm.backend != "mpi":  # MPI's own receive from itself would wait for ever
+        with pytest.raises(spmd.CollectiveError, match="nothing was sent"):
+            comm.recv(0, 13)
+
+
+def test_point_to_point_is_numbered_and_traced_but_never_compared(comm):
+    start = comm._mon.seq
+    comm.send(np.ones(2), 0, 14)
+    comm.recv(0, 14)
+    assert comm._mon.seq - start == 2
+    assert [fp[1] for fp in list(comm._mon.ring)[-2:]] == ["send", "recv"]
+    from spmd.monitor import _describe
+
+    assert "to rank 0 tag 14" in _describe(comm._mon.ring[-2])
+
+
+# -- all_to_all, reduce_scatter, scans ---------------------------------------------------------
+
+@pytest.mark.parametrize("k", KINDS, ids=ids)
+def test_all_to_all_every_dtype(comm, k):
+    full = make(*k, np.arange(15).reshape(5, 3) % 2)
+    got = comm.all_to_all([full])
+    assert len(got) == 1 and kind_of(got[0]) == k[0]
+    same(got[0], full)
+    same(comm.all_to_all(full)[0], full)
+    out = make(*k, np.zeros((5, 3)))
+    assert comm.all_to_all(full, out=out, equal=True)[0] is not None
+    same(out, full)
+    h = comm.all_to_all(full, async_op=True)
+    same(h.wait()[0], full)
+
+
+@pytest.mark.parametrize("k", REDUCIBLE, ids=ids)
+def test_reduce_scatter_and_scans_every_op(comm, k):
+    for op in ("sum", "prod", "min", "max"):
+        x = make(*k, [[3, 1], [2, 2], [1, 3]])
+        block = comm.reduce_scatter(x, op)
+        assert block is not x and kind_of(block) == k[0] and tuple(block.shape) == (3, 2)
+        same(block, x)
+        assert comm.scan(x, op) is x
+        same(x, [[3, 1], [2, 2], [1, 3]])
+        assert comm.exscan(x, op) is x  # rank 0: the op's identity
+        same(x, np.full((3, 2), _identity(k, op)))
+    y = make(*k, [5, 6])
+    assert comm.exscan(y, "sum", async_op=True).wait() is y
+    same(y, [0, 0])
+
+
+def _identity(k, op):
+    """What exscan gives rank 0, computed here from numpy's and torch's own dtype limits."""
+    if op in ("sum", "prod"):
+        return {"sum": 0, "prod": 1}[op]
+    kind, dtype = k
+    dt = np.dtype(dtype) if kind == "numpy" else getattr(torch, dtype)
+    floating = np.issubdtype(dt, np.floating) if kind == "numpy" else dt.is_floating_point
+    if floating:
+        return np.inf if op == "min" else -np.inf
+    info = np.iinfo(dt) if kind == "numpy" else torch.iinfo(dt)
+    return info.max if op == "min" else info.min
+
+
+def test_exchange_errors(comm):
+    x = np.arange(4.0)
+    for call, words in [
+        (lambda: comm.all_to_all([x, x]), "expecting 1 chunks"),
+        (lambda: comm.all_to_all(np.array(1.0)), "0-d"),
+        (lambda: comm.all_to_all(x, out=np.zeros(3)), "out must be a contiguous numpy array"),
+        (lambda: comm.reduce_scatter(np.array(1.0)), "0-d"),
+        (lambda: comm.reduce_scatter(x, "mean"), "unknown reduction op"),
+        (lambda: comm.scan(x, "avg"), "no prefix form"),
+        (lambda: comm.exscan(np.arange(3), "avg"), "floating-point"),
+    ]:
+        with pytest.raises(spmd.CollectiveError, match=words):
+            call()

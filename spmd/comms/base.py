@@ -43,10 +43,19 @@ The general hooks' convention (what is true when a hook is called):
   it returns a :class:`~spmd.comms.handle.Handle` whose ``wait()`` gives
   it (``Done(result)`` if the work is already over).
 
-Results: broadcast, reduce and all_reduce work in place and return
-``x``; scatter returns this rank's chunk (of the root's kind: numpy or
-torch); gather returns the list of every rank's rows on root and ``None``
-elsewhere; all_gather the list everywhere.
+Results: broadcast, reduce, all_reduce, scan and exscan work in place
+and return ``x``; scatter returns this rank's chunk (of the root's kind:
+numpy or torch); gather returns the list of every rank's rows on root and
+``None`` elsewhere; all_gather and all_to_all the list everywhere;
+reduce_scatter this rank's block, a new array.
+
+Point to point (:mod:`spmd.comms.p2p`) needs two hooks only, ``_send`` and
+``_recv``, which move one contiguous array under a backend tag; the mixin
+builds messages (a header describing the array, then its data), maps user
+tags away from spmd's own, and checks what arrives.  ``_recv`` with
+``src=None`` receives from any rank and returns who sent.  Calls go through
+``_call(..., collective=False)``: counted and traced like any other, but
+never compared across ranks.
 
 **Writing a backend.**  One file in ``spmd/comms/``: subclass
 :class:`Comm`, set ``backend``, call ``Comm.__init__(rank, size,
@@ -62,34 +71,36 @@ example.
 """
 
 import abc
-from typing import NamedTuple
 
 import numpy as np
 
 from ..errors import CollectiveError, is_peer_lost
 from ..monitor import Monitor
 from . import meta
-from .arrays import check_array, check_op, dtype_name, split_sizes
+from .arrays import check_array, dtype_name
 from .caches import Caches
+from .collectives import Collectives
+from .exchanges import Exchanges
 from .handle import Done, Handle
+from .meta import Layout
+from .objects import Objects
+from .p2p import PointToPoint
 
 __all__ = ["Comm", "Handle", "Done", "Layout"]
 
 
-class Layout(NamedTuple):
-    """What every rank receives from scatter: kind, dtype, shape after dim 0, each rank's length."""
+class Comm(Collectives, Exchanges, PointToPoint, Objects, abc.ABC):
+    """A group of ranks and the collectives among them.
 
-    kind: str  # "numpy" or "torch"
-    dtype: str  # dtype_name(): "float32", "bfloat16", ...
-    trail: tuple
-    lengths: list
-
-
-class Comm(abc.ABC):
-    """A group of ranks and the collectives among them."""
+    The public methods come by family from the mixins: :mod:`~spmd.comms.collectives`,
+    :mod:`~spmd.comms.exchanges` (all_to_all, reduce_scatter, scan),
+    :mod:`~spmd.comms.p2p` (point to point), :mod:`~spmd.comms.objects`.
+    """
 
     #: Name of the backend: "serial", "gloo", "nccl" or "mpi".
     backend = None
+    #: The largest tag the backend's point-to-point messages may carry.
+    _max_tag = 2**31 - 1
 
     def __init__(self, rank, size, placement=None, device="cpu", timeout=None, monitor=None, caches=None):
         self._mon = monitor if monitor is not None else Monitor()
@@ -175,6 +186,33 @@ class Comm(abc.ABC):
         """Return this rank's item of root's list of size objects (objs is None off root)."""
 
     @abc.abstractmethod
+    def _all_to_all(self, parts, whole, sent, layout, out, async_op):
+        """Send chunk j (of parts, or of whole cut by the lengths sent) to rank j; return the list received.
+
+        layout.lengths[i] is how many rows rank i sends here; the list
+        holds views of out when given.
+        """
+
+    @abc.abstractmethod
+    def _reduce_scatter(self, x, lengths, op, async_op):
+        """Reduce x over ranks; return this rank's block (dim-0 blocks of lengths) as a new array."""
+
+    @abc.abstractmethod
+    def _scan(self, x, exclusive, op, async_op):
+        """Replace x in place by op over ranks 0..rank (exclusive: 0..rank-1; rank 0's x then any); return x."""
+
+    @abc.abstractmethod
+    def _send(self, x, dst, tag, async_op):
+        """Send contiguous array x to rank dst under this backend tag; None, or a Handle when async_op."""
+
+    @abc.abstractmethod
+    def _recv(self, x, src, tag, async_op):
+        """Receive into contiguous array x from rank src (None: any) under this tag; return the sender's rank.
+
+        With async_op, a Handle whose wait() gives the sender's rank.
+        """
+
+    @abc.abstractmethod
     def _split_comm(self, color, key):
         """Return the communicator of the ranks that passed this color (ordered by key), None for color None."""
 
@@ -237,20 +275,22 @@ class Comm(abc.ABC):
 
     # -- every collective goes through here ---------------------------------------
 
-    def _call(self, hook, args, name, x=None, root=None, op=None, async_op=False):
-        """Run hook(*args) as this communicator's next collective; return its result.
+    def _call(self, hook, args, name, x=None, root=None, op=None, async_op=False, collective=True):
+        """Run hook(*args) as this communicator's next call; return its result.
 
-        The one bookkeeping path of every call, direct or general: the
-        sequence number and fingerprint (for timeout reports), debug
-        mode's check and the trace when on, and a backend's timeout
-        turned into CollectiveTimeout.
+        The one bookkeeping path of every call, direct or general,
+        collective or point to point: the sequence number and fingerprint
+        (for timeout reports), debug mode's cross-rank check (collectives
+        only) and the trace when on, and a backend's timeout turned into
+        CollectiveTimeout.  For point to point, root is the peer and op
+        the tag.
         """
         mon = self._mon
         fp = mon.note(name, x, root, op)
         mon.busy = fp[0]
         try:
             if mon.active:
-                return mon.run(self, fp, hook, args, x, async_op)
+                return mon.run(self, fp, hook, args, x, async_op, collective)
             return hook(*args)
         except RuntimeError as exc:
             self._raise_timeout(exc, fp)
@@ -300,121 +340,6 @@ class Comm(abc.ABC):
         self._check_device(x, what)
         return x
 
-    # -- the six collectives ---------------------------------------------------
-
-    def broadcast(self, x, root=0, async_op=False):
-        """Copy root's x into x on every rank, in place; return x."""
-        root = self._root(root)
-        if not async_op and not self._mon.active:
-            go = self._direct_broadcast(x, root)
-            if go is not None:
-                self._call(go[0], go[1], "broadcast", x, root)
-                return x
-        return self._call(self._broadcast, (self._array(x), root, async_op), "broadcast", x, root, None, async_op)
-
-    def reduce(self, x, root=0, op="sum", async_op=False):
-        """Combine x over ranks into root's x, in place; other ranks' x stay unchanged."""
-        root = self._root(root)
-        if not async_op and not self._mon.active:
-            go = self._direct_reduce(x, root, op)
-            if go is not None:
-                self._call(go[0], go[1], "reduce", x, root, op)
-                return x
-        op = check_op(op, self._array(x))
-        return self._call(self._reduce, (x, root, op, async_op), "reduce", x, root, op, async_op)
-
-    def all_reduce(self, x, op="sum", async_op=False, chunk_bytes=None):
-        """Combine x over ranks into every rank's x, in place; return x.
-
-        x may be a list of arrays: they are reduced as one flat buffer per
-        dtype, one call instead of one per array.  With ``chunk_bytes`` a
-        large x is reduced in pieces of at most that size (blocking), so
-        the backend's scratch memory stays bounded.
-        """
-        if not async_op and chunk_bytes is None and not self._mon.active:
-            go = self._direct_all_reduce(x, op)
-            if go is not None:
-                self._call(go[0], go[1], "all_reduce", x, None, op)
-                return x
-        if isinstance(x, (list, tuple)):
-            from .coalesce import all_reduce_many
-
-            return all_reduce_many(self, x, op, async_op)
-        op = check_op(op, self._array(x))
-        if chunk_bytes is not None and x.ndim and x.shape[0] > 1:
-            from .coalesce import all_reduce_chunked, nbytes
-
-            if nbytes(x) > chunk_bytes:
-                result = all_reduce_chunked(self, x, op, chunk_bytes)
-                return Done(result) if async_op else result
-        return self._call(self._all_reduce, (x, op, async_op), "all_reduce", x, None, op, async_op)
-
-    def scatter(self, chunks=None, root=0, async_op=False, *, equal=False, out=None):
-        """Send root's i-th chunk to rank i and return this rank's chunk.
-
-        On root, chunks is a list of ``size`` arrays, or one array split
-        along dim 0 the way ``numpy.array_split`` does.  Other ranks pass
-        None.  Chunk lengths along dim 0 may differ.
-
-        With ``equal=True`` (on every rank) all chunks have one shape and
-        root sends no description first: every rank other than root must
-        then pass ``out``, the array to receive into.  ``out`` may be
-        given in any case; the chunk lands in it and it is returned.
-        Without it the chunk is new memory, or that of a large earlier
-        result nothing refers to any more (``spmd.comms.results``).
-        """
-        root = self._root(root)
-        if equal:
-            if out is not None and not async_op and not self._mon.active:
-                go = self._direct_scatter(chunks if self.rank == root else None, root, out)
-                if go is not None:
-                    return self._call(go[0], go[1], "scatter", out, root, "equal")
-            if out is not None:
-                self._array(out, "out")
-            return self._scatter_equal(chunks, root, async_op, out)
-        if out is not None:
-            self._array(out, "out")
-        parts, whole, error = None, None, None
-        if self.rank == root:
-            try:
-                parts, whole, lengths = self._scatter_parts(chunks)
-                first = whole if parts is None else parts[0]
-                header = self._descs.scatter_header(first, lengths)
-            except CollectiveError as exc:
-                header, error = meta.error_header(self.size), str(exc)
-        else:
-            header = self._header_buffer
-        self._describing("scatter", None, root, self._broadcast_ints, header, root)
-        if header[0]:
-            raise CollectiveError(self._describing("scatter", None, root, self._broadcast_object, error, root))
-        layout = Layout(*self._descs.header(header))
-        if out is not None:
-            self._check_out(out, layout.kind, layout.dtype, (layout.lengths[self.rank],) + layout.trail, "scatter")
-        args = (parts, whole, layout, root, out, async_op)
-        return self._call(self._scatter, args, "scatter", None, root, None, async_op)
-
-    def _scatter_equal(self, chunks, root, async_op, out):
-        """scatter(equal=True): shapes known on every rank, so no header goes out."""
-        parts, whole, like = None, None, out
-        if self.rank == root:
-            parts, whole, lengths = self._scatter_parts(chunks)
-            first = whole if parts is None else parts[0]
-            if lengths.count(lengths[0]) != self.size:
-                raise CollectiveError(f"scatter(equal=True): chunk lengths differ ({lengths}); pass equal=False")
-            like = first if parts is not None else first[: lengths[0]]
-            if out is not None:
-                self._check_out(out, *self._kind_dtype(like), tuple(like.shape), "scatter")
-        elif out is None:
-            raise CollectiveError(
-                "scatter(equal=True): ranks other than root must pass out=, the array to receive "
-                "their chunk into (it tells them the shape); or call scatter without equal=True"
-            )
-        else:
-            lengths = [out.shape[0]] * self.size
-        layout = Layout(*self._kind_dtype(like), tuple(like.shape[1:]), lengths)
-        args = (parts, whole, layout, root, out, async_op)
-        return self._call(self._scatter, args, "scatter", like, root, "equal", async_op)
-
     @staticmethod
     def _kind_dtype(x):
         return ("numpy" if isinstance(x, np.ndarray) else "torch"), dtype_name(x)
@@ -430,91 +355,6 @@ class Comm(abc.ABC):
                 f"{got_kind} {got_dtype} array of shape {tuple(out.shape)}"
             )
 
-    def _lengths(self, x, what, equal=False):
-        """Exchange array descriptions; return every rank's dim-0 length or raise everywhere.
-
-        With equal, nothing is exchanged: every rank is taken to have x's shape.
-        """
-        self._array(x)
-        row, same = self._descs.row(x)
-        if equal:
-            if same is None:
-                meta.check_rows([row], what)  # raises, naming what is wrong with x
-            return [x.shape[0]] * self.size
-        rows = self._describing(what, x, None, self._allgather_ints, row)
-        return self._descs.lengths(x, rows, same, what)
-
-    def _gather_out(self, x, lengths, out, what):
-        if out is not None:
-            self._array(out, "out")
-            self._check_out(out, *self._kind_dtype(x), (sum(lengths),) + tuple(x.shape[1:]), what)
-        return out
-
-    def gather(self, x, root=0, async_op=False, *, equal=False, out=None):
-        """Collect every rank's x on root: a list on root, None elsewhere.
-
-        Lengths along dim 0 may differ between ranks.  With ``equal=True``
-        (on every rank) all ranks' x have one shape and no descriptions
-        are exchanged first (one collective fewer).  With ``out``, an
-        array of every rank's rows one after another, root receives into
-        it; the list returned holds views of it.  Without ``out`` the
-        result is new memory, or that of a large earlier result nothing
-        refers to any more (``spmd.comms.results``).
-        """
-        root = self._root(root)
-        if equal and not async_op and not self._mon.active:
-            go = self._direct_gather(x, root, out if self.rank == root else None)
-            if go is not None:
-                return self._call(go[0], go[1], "gather", x, root, "equal")
-        lengths = self._lengths(x, "gather", equal)
-        out = self._gather_out(x, lengths, out, "gather") if self.rank == root else None
-        op = "equal" if equal else None
-        return self._call(self._gather, (x, lengths, root, out, async_op), "gather", x, root, op, async_op)
-
-    def all_gather(self, x, async_op=False, *, equal=False, out=None):
-        """Collect every rank's x on every rank, as a list in rank order.
-
-        ``equal`` and ``out`` work as for :meth:`gather`.
-        """
-        if equal and out is not None and not async_op and not self._mon.active:
-            go = self._direct_all_gather(x, out)
-            if go is not None:
-                return self._call(go[0], go[1], "all_gather", x, None, "equal")
-        lengths = self._lengths(x, "all_gather", equal)
-        out = self._gather_out(x, lengths, out, "all_gather")
-        op = "equal" if equal else None
-        return self._call(self._all_gather, (x, lengths, out, async_op), "all_gather", x, None, op, async_op)
-
-    def barrier(self):
-        """Block until every rank has called barrier."""
-        self._call(self._barrier, (), "barrier")
-
-    def _scatter_parts(self, chunks):
-        """On root: return (list of size arrays or None, whole array or None, lengths), or raise."""
-        if chunks is None:
-            raise CollectiveError("scatter: the root rank must pass the chunks, got None")
-        if not isinstance(chunks, (list, tuple)):
-            self._array(chunks, "scatter chunks")
-            if chunks.ndim == 0:
-                raise CollectiveError("scatter: cannot split a 0-d array; pass a list of chunks")
-            if meta.dtype_code(chunks.dtype) < 0 or chunks.ndim > meta.MAX_TRAIL + 1:
-                meta.check_rows([meta.encode(chunks)], "scatter")  # raises, naming it
-            return None, chunks, split_sizes(chunks.shape[0], self.size)
-        if len(chunks) != self.size:
-            raise CollectiveError(f"scatter: expecting {self.size} chunks (one per rank), got {len(chunks)}")
-        for i, c in enumerate(chunks):
-            check_array(c, f"scatter chunk {i}")
-            self._check_device(c, f"scatter chunk {i}")
-        parts = list(chunks)
-        first = parts[0]
-        if (
-            meta.dtype_code(first.dtype) < 0
-            or not 0 < first.ndim <= meta.MAX_TRAIL + 1
-            or any(p.dtype != first.dtype or p.shape[1:] != first.shape[1:] for p in parts)
-        ):
-            meta.check_rows([meta.encode(p) for p in parts], "scatter")  # raises, naming each
-        return parts, None, [p.shape[0] for p in parts]
-
     @staticmethod
     def _split(x, sizes):
         """Cut x along dim 0 into views of the given lengths."""
@@ -523,57 +363,3 @@ class Comm(abc.ABC):
             out.append(x[start : start + n])
             start += n
         return out
-
-    # -- objects -------------------------------------------------------------
-
-    def broadcast_object(self, obj, root=0):
-        """Return root's obj on every rank (pickled)."""
-        root = self._root(root)
-        return self._call(self._broadcast_object, (obj, root), "broadcast_object", None, root)
-
-    def gather_object(self, obj, root=0):
-        """Return the list of every rank's obj on root, None elsewhere."""
-        root = self._root(root)
-        return self._call(self._gather_object, (obj, root), "gather_object", None, root)
-
-    def all_gather_object(self, obj):
-        """Return the list of every rank's obj on every rank."""
-        return self._call(self._all_gather_object, (obj,), "all_gather_object")
-
-    def scatter_object(self, objs=None, root=0):
-        """Return this rank's item of root's list of size objects."""
-        root = self._root(root)
-        error = None
-        if self.rank == root:
-            if objs is None or len(objs) != self.size:
-                got = "None" if objs is None else len(objs)
-                error = f"scatter_object: expecting {self.size} objects (one per rank), got {got}"
-        error = self.broadcast_object(error, root)
-        if error:
-            raise CollectiveError(error)
-        objs = list(objs) if self.rank == root else None
-        return self._call(self._scatter_object, (objs, root), "scatter_object", None, root)
-
-    # -- sub-communicators -----------------------------------------------------
-
-    def split(self, color=0, key=None, *, ranks=None):
-        """Split into sub-communicators, MPI_Comm_split style.
-
-        Ranks passing the same color form one communicator, ordered by
-        key then by rank; color None gets None back.  With ``ranks=[...]``
-        the listed ranks (in that order) form one and the rest get None.
-        Every rank must call split.
-        """
-        if ranks is not None:
-            ranks = list(ranks)
-            bad = [r for r in ranks if not isinstance(r, int) or not 0 <= r < self.size]
-            if bad or len(set(ranks)) != len(ranks):
-                raise CollectiveError(
-                    f"split: ranks must be distinct integers in 0..{self.size - 1}, got {ranks}"
-                )
-            color = 0 if self.rank in ranks else None
-            key = ranks.index(self.rank) if self.rank in ranks else 0
-        if color is not None and (not isinstance(color, int) or color < 0):
-            raise CollectiveError(f"split: color must be a non-negative int or None, got {color!r}")
-        key = self.rank if key is None else key
-        return self._call(self._split_comm, (color, key), "split")

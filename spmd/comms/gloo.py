@@ -19,7 +19,8 @@ import torch.distributed as dist
 from torch.distributed.distributed_c10d import AllgatherOptions
 
 from .handle import after
-from .torchdist import OPS, TorchComm, as_kind, tensor
+from .torch_arrays import OPS, as_kind, tensor
+from .torchdist import TorchComm
 
 __all__ = ["GlooComm", "P2P_TAG"]
 

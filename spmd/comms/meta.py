@@ -7,12 +7,14 @@ it.  A row of ``WIDTH`` int64 costs one tiny collective where a pickled
 object would cost two (or a pickle round trip).
 """
 
+from typing import NamedTuple
+
 import numpy as np
 
 from ..errors import CollectiveError
 from .arrays import is_tensor
 
-__all__ = ["WIDTH", "encode", "decode", "check_rows", "scatter_header", "Descriptions"]
+__all__ = ["WIDTH", "encode", "decode", "check_rows", "scatter_header", "Descriptions", "Layout"]
 
 DTYPES = (
     "float32", "float64", "float16", "bfloat16", "complex64", "complex128",
@@ -169,3 +171,12 @@ class Descriptions:
             cache.clear()
         cache[key] = value
         return value
+
+
+class Layout(NamedTuple):
+    """What every rank receives from scatter: kind, dtype, shape after dim 0, each rank's length."""
+
+    kind: str  # "numpy" or "torch"
+    dtype: str  # dtype_name(): "float32", "bfloat16", ...
+    trail: tuple
+    lengths: list

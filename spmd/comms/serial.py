@@ -3,7 +3,9 @@
 import numpy as np
 
 from .base import Comm
-from .handle import Done
+from .handle import Done, Handle
+from .mailbox import Mailbox
+from .p2p import TAG_STRIDE
 
 __all__ = ["SerialComm"]
 
@@ -15,6 +17,7 @@ class SerialComm(Comm):
 
     def __init__(self, placement=None, device="cpu", timeout=None, monitor=None, caches=None):
         super().__init__(0, 1, placement, device, timeout, monitor, caches)
+        self._mailbox = Mailbox()  # every message: a world of one sends only to itself
 
     @staticmethod
     def _give(result, async_op):
@@ -37,6 +40,28 @@ class SerialComm(Comm):
 
     def _all_gather(self, x, lengths, out, async_op):
         return self._give([_into(out, x)], async_op)
+
+    def _all_to_all(self, parts, whole, sent, layout, out, async_op):
+        chunk = whole if parts is None else parts[0]
+        return self._give([_into(out, chunk) if out is not None else _copy(chunk)], async_op)
+
+    def _reduce_scatter(self, x, lengths, op, async_op):
+        return self._give(_copy(x), async_op)
+
+    def _scan(self, x, exclusive, op, async_op):
+        return self._give(x, async_op)
+
+    def _send(self, x, dst, tag, async_op):
+        self._mailbox.put(x, tag)
+        return Done(None) if async_op else None
+
+    def _recv(self, x, src, tag, async_op):
+        user_tag = tag // TAG_STRIDE
+        if not async_op:
+            self._mailbox.take(x, tag, user_tag)
+            return 0
+        # An immediate receive may be posted before the send to itself it waits for.
+        return Handle(lambda: self._mailbox.take(x, tag, user_tag), lambda: self._mailbox.has(tag), lambda: 0)
 
     def _barrier(self):
         pass
@@ -63,6 +88,10 @@ class SerialComm(Comm):
         if color is None:
             return None
         return SerialComm(self.placement, self.device, self.timeout, self._mon.child(), self._caches.child(1))
+
+
+def _copy(x):
+    return x.copy() if isinstance(x, np.ndarray) else x.clone()
 
 
 def _into(out, x):

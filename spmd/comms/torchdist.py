@@ -15,39 +15,12 @@ import torch
 import torch.distributed as dist
 
 from . import stuck
-from .arrays import contiguous
 from .base import Comm
 from .handle import Done, Handle
+from .torch_arrays import OPS, all_gather_single, as_kind, tensor, wire
+from .torch_p2p import TorchMessages
 
-__all__ = ["TorchComm", "OPS", "tensor", "as_kind"]
-
-OPS = {
-    "sum": dist.ReduceOp.SUM,
-    "prod": dist.ReduceOp.PRODUCT,
-    "min": dist.ReduceOp.MIN,
-    "max": dist.ReduceOp.MAX,
-    "avg": dist.ReduceOp.SUM,
-}
-
-# Renamed in torch 2.13; the old name warns there.
-_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-
-
-def tensor(x):
-    """Return a contiguous tensor sharing x's memory where possible, and a write-back."""
-    c, back = contiguous(x)
-    return (torch.from_numpy(c) if isinstance(c, np.ndarray) else c), back
-
-
-def as_kind(t, kind):
-    """Return tensor t as the kind the caller gave: numpy (sharing memory) or torch."""
-    return t.numpy() if kind == "numpy" else t
-
-
-def _wire(t):
-    """Return t as torch.distributed's scatter and gather take it: complex as its real view (same memory)."""
-    return torch.view_as_real(t) if t.is_complex() else t
-
+__all__ = ["TorchComm"]
 
 def _new(kind, dtype, shape, device):
     if kind == "numpy":
@@ -55,7 +28,7 @@ def _new(kind, dtype, shape, device):
     return torch.empty(shape, dtype=getattr(torch, dtype), device=device)
 
 
-class TorchComm(Comm):
+class TorchComm(TorchMessages, Comm):
     """A communicator backed by a torch.distributed process group."""
 
     def __init__(
@@ -83,13 +56,15 @@ class TorchComm(Comm):
     def _close(self):
         if self._ranks is not None:
             return  # a sub-communicator ends with its world
-        if dist.is_initialized():
-            dist.destroy_process_group()
         # destroy_process_group does not stop a group's worker threads while
         # Python still holds the group: drop every reference, so they are
         # joined now and not during interpreter teardown, where a thread that
         # frees a tensor after the last collective aborts the process
         # ("terminate called without an active exception").
+        for comm in list(self._family):
+            comm._stop_messages()  # before the group goes: its sends still in flight finish
+        if dist.is_initialized():
+            dist.destroy_process_group()
         for comm in list(self._family):
             comm._release()
 
@@ -164,8 +139,8 @@ class TorchComm(Comm):
                 t = tensor(whole)[0]
                 even = lengths.count(top) == self.size
                 parts = list(t.chunk(self.size)) if even else self._split(t, lengths)
-            send = [_wire(self._padded(p, top)) for p in parts]
-        work = dist.scatter(_wire(buf), send, group=self._group, group_src=root, async_op=async_op)
+            send = [wire(self._padded(p, top)) for p in parts]
+        work = dist.scatter(wire(buf), send, group=self._group, group_src=root, async_op=async_op)
 
         def finish():
             if out is None:
@@ -210,8 +185,8 @@ class TorchComm(Comm):
             return self._done(self._empties(x) if out is None else self._split(out, lengths), async_op)
         send = self._padded(x, top)
         recv = self._receive_buffers(send, lengths, out) if self.rank == root else None
-        wired = None if recv is None else [_wire(r) for r in recv]
-        work = dist.gather(_wire(send), wired, group=self._group, group_dst=root, async_op=async_op)
+        wired = None if recv is None else [wire(r) for r in recv]
+        work = dist.gather(wire(send), wired, group=self._group, group_dst=root, async_op=async_op)
         if self.rank != root:
             return self._go(work, lambda: None, async_op)
         return self._go(work, lambda: self._results(recv, lengths, x, top, out), async_op)
@@ -247,7 +222,7 @@ class TorchComm(Comm):
     def _allgather_ints(self, row):
         mine = torch.from_numpy(row).to(self.device)
         out = torch.empty(self.size * row.shape[0], dtype=torch.int64, device=self.device)
-        _all_gather_single(out, mine, group=self._group)
+        all_gather_single(out, mine, group=self._group)
         return out.cpu().numpy().reshape(self.size, -1)
 
     def _broadcast_ints(self, ints, root):

@@ -312,6 +312,59 @@ def raises(fn, words, what):
     raise AssertionError(f"rank {r}: {what} did not raise")
 
 
+# -- point to point: rings, any source, immediate forms, objects ----------------------
+right, left = (r + 1) % n, (r - 1) % n
+got = comm.sendrecv(np.full(3, r, np.int64), right, left, tag=5)
+same(got, [left] * 3, "sendrecv ring")
+if r == 0:
+    senders = sorted(comm.recv(tag=2, status=True)[1] for _ in range(n - 1))
+    ok(senders == R[1:], f"recv from any source hears every rank: {senders}")
+elif not NUMPY_ONLY:
+    comm.send(torch.full((2, 2), float(r)), 0, tag=2)
+else:
+    comm.send(np.full((2, 2), float(r)), 0, tag=2)
+big = np.full(1 << 18, r, np.float32)  # 1 MiB: past every eager limit
+h = comm.irecv(left, 9)
+s = comm.isend(big, right, 9)
+s.wait()  # the send first: the pending receive must progress meanwhile
+got = h.wait()
+ok(h.source == left and h.tag == 9 and got.dtype == np.float32 and got.shape == big.shape and got[0] == left,
+   "isend/irecv of 1 MiB around the ring")
+comm.send(np.arange(4.0) + r, right, 6)  # small blocking sends first, then receives (eager)
+same(comm.recv(left, 6), np.arange(4.0) + left, "blocking ring of small sends")
+comm.send_object({"from": r, "list": list(range(r))}, right, 3)
+ok(comm.recv_object(left, 3) == {"from": left, "list": list(range(left))}, "send_object ring")
+out = np.empty(3)
+if n > 1:
+    if r == 0:
+        comm.send(np.zeros(4), 1, tag=8)
+    elif r == 1:
+        raises(lambda: comm.recv(0, 8, out=out), ["out is a float64 array of shape (3,)", "sent float64 of shape (4,)"],
+               "recv into an out of the wrong shape")
+    comm.send(np.full(2, r), right, 4)
+    same(comm.recv(left, 4), [left] * 2, "the tag still matches after a refused receive")
+# -- all_to_all, reduce_scatter, scans --------------------------------------------------
+chunks = [np.full((j + 1, 2), r * 10 + j) for j in R]
+got = comm.all_to_all(chunks)
+ok([c.shape[0] for c in got] == [r + 1] * n and all((got[i] == i * 10 + r).all() for i in R), "all_to_all uneven")
+got = comm.all_to_all(np.arange(n * 2.0) + 100 * r, equal=True)
+ok(all(got[i].tolist() == [100.0 * i + 2 * r, 100.0 * i + 2 * r + 1] for i in R), "all_to_all equal")
+whole = np.arange(2 * n * 3.0).reshape(2 * n, 3) + r
+mine = comm.reduce_scatter(whole)
+same(mine, (np.arange(2 * n * 3.0).reshape(2 * n, 3)[2 * r : 2 * r + 2]) * n + sum(R), "reduce_scatter")
+uneven = np.ones((n + 1, 2))
+ok(comm.reduce_scatter(uneven).shape[0] == np.array_split(uneven, n)[r].shape[0], "reduce_scatter uneven blocks")
+x = np.array([r + 1.0])
+same(comm.scan(x), [sum(k + 1 for k in R[: r + 1])], "scan sum")
+y = np.array([r + 1])
+same(comm.exscan(y, "prod"), [int(np.prod([k + 1 for k in R[:r]]))], "exscan prod (rank 0: 1)")
+z = np.array([float(r)])
+same(comm.exscan(z, "max"), [r - 1.0 if r else -np.inf], "exscan max (rank 0: -inf)")
+if not NUMPY_ONLY:
+    t = torch.tensor([float(r), 1.0], dtype=torch.bfloat16)
+    same(comm.scan(t, "sum"), [float(sum(R[: r + 1])), float(r + 1)], "scan bfloat16")
+    same(comm.reduce_scatter(torch.ones(n, 2, dtype=torch.int32)), [[n, n]], "reduce_scatter torch int32")
+
 # -- equal=True (no description exchange) and out= (receive into a given array) ----------
 for kind in ("numpy",) if NUMPY_ONLY else ("numpy", "torch"):
     mk = np if kind == "numpy" else torch
