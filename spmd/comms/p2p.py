@@ -29,7 +29,7 @@ import time
 
 import numpy as np
 
-from ..errors import CollectiveError
+from ..errors import CollectiveError, CollectiveTimeout
 from . import meta
 from .arrays import contiguous, dtype_name, is_tensor
 from .handle import Handle
@@ -208,7 +208,10 @@ class PointToPoint:
             if spins > 100:
                 time.sleep(20e-6)
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"point-to-point wait timed out after {self.timeout:g} s")
+                    raise CollectiveTimeout(
+                        f"rank {self.rank}: a point-to-point wait timed out after {self.timeout:g} s "
+                        f"(its peer never sent or received); last calls on this rank: {self._mon.recent()}"
+                    )
         for w in works:
             if w is not None:
                 w.wait()
@@ -391,7 +394,10 @@ class _Threaded(_Incoming):
     def _finish_thread(self):
         timeout = self.comm.timeout
         if not self._over.wait(None if timeout is None else timeout + 5.0):
-            raise RuntimeError(f"point-to-point receive timed out after {timeout:g} s")
+            raise CollectiveTimeout(
+                f"rank {self.comm.rank}: an immediate receive (tag {self.base // TAG_STRIDE}) timed out "
+                f"after {timeout:g} s: no message came; last calls on this rank: {self.comm._mon.recent()}"
+            )
         self._thread.join()
         if self._failed is not None:
             raise self._failed
