@@ -281,7 +281,8 @@ def chrome_trace(per_rank):
                 "tid": 0,
                 "ts": e["ts"] * 1e6,
                 "dur": (e["dur"] or 0.0) * 1e6,
-                "args": {"seq": e["seq"], "bytes": e["bytes"]},
+                "args": {"seq": e["seq"], "bytes": e["bytes"],
+                         **{k: e[k] for k in ("peer", "tag") if k in e}},
             })
     return {"traceEvents": out, "displayTimeUnit": "ms"}
 

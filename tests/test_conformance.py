@@ -529,3 +529,16 @@ def test_exchange_errors(comm):
     ]:
         with pytest.raises(spmd.CollectiveError, match=words):
             call()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_trace_records_point_to_point_with_bytes_peer_and_tag(backend, gloo_group):
+    from spmd.monitor import chrome_trace
+
+    c = _open(backend, Monitor(trace="unused.json"))
+    c.send(np.ones(10), 0, tag=6)
+    c.recv(0, 6)
+    events = [e for e in c._mon.events if e["name"] in ("send", "recv")]
+    assert [(e["name"], e["bytes"], e["peer"], e["tag"]) for e in events] == [("send", 80, 0, 6), ("recv", 80, 0, 6)]
+    args = [e["args"] for e in chrome_trace([events])["traceEvents"] if e["ph"] == "X"]
+    assert args[0]["peer"] == 0 and args[1]["tag"] == 6
