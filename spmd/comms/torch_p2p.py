@@ -41,12 +41,16 @@ class TorchMessages:
     #: torch's point-to-point works complete only when waited for (gloo's do not when tested).
     _receives_in_threads = True
 
+    def _own(self, name, make):
+        """This communicator's object under name, made on first use (no __init__ in a mixin)."""
+        value = self.__dict__.get(name)
+        if value is None:
+            value = self.__dict__[name] = make()
+        return value
+
     @property
     def _reaper(self):
-        reaper = self.__dict__.get("_own_reaper")
-        if reaper is None:
-            reaper = self.__dict__["_own_reaper"] = _Reaper()
-        return reaper
+        return self._own("_own_reaper", _Reaper)
 
     def _stop_messages(self):
         """Finish the small sends still in flight and stop their thread (at finalize)."""
@@ -56,10 +60,7 @@ class TorchMessages:
 
     @property
     def _mailbox(self):
-        box = self.__dict__.get("_own_mailbox")
-        if box is None:
-            box = self.__dict__["_own_mailbox"] = Mailbox()
-        return box
+        return self._own("_own_mailbox", Mailbox)
 
     def _on_device(self, x):
         """x as a tensor torch.distributed can send here: sharing x's memory when it can."""
