@@ -29,6 +29,7 @@ __all__ = [
     "parse_timeout",
     "parse_keep_results",
     "parse_preempt_signal",
+    "parse_torch_group",
 ]
 
 #: Every backend name spmd knows; "auto" picks one of the others at init.
@@ -60,10 +61,13 @@ class Settings:
     """Signal that warns of the end (SPMD_PREEMPT_SIGNAL); None: not asked for (USR1 if used)."""
     listen_fd: Optional[int] = None
     """Listening socket spmd run bound for rank 0's store (SPMD_LISTEN_FD); None: bind one."""
+    torch_group: Optional[bool] = None
+    """Start torch.distributed's default group beside MPI on the mpi backend: torch_group=,
+    else SPMD_TORCH_GROUP; None: auto (on when torch is imported at init)."""
 
     @classmethod
     def parse(cls, environ: Mapping[str, str], backend=None, timeout=None, debug=None,
-              trace=None) -> "Settings":
+              trace=None, torch_group=None) -> "Settings":
         """Return the settings from init's arguments, else environ's SPMD_* variables, else defaults."""
         return cls(
             backend=parse_backend(environ, backend),
@@ -74,6 +78,7 @@ class Settings:
             port=_parse_port(environ),
             preempt_signal=parse_preempt_signal(environ),
             listen_fd=_parse_listen_fd(environ),
+            torch_group=parse_torch_group(environ, torch_group),
         )
 
 
@@ -87,6 +92,7 @@ VARIABLES = {
     "port": "SPMD_PORT",
     "preempt_signal": "SPMD_PREEMPT_SIGNAL",
     "listen_fd": "SPMD_LISTEN_FD",
+    "torch_group": "SPMD_TORCH_GROUP",
 }
 
 
@@ -133,6 +139,27 @@ def _parse_flag(environ, name, value):
     raise SettingsError(
         f"{name}={environ[name]!r} is not on or off: use 1, true, yes or on to turn it on, "
         "0, false, no, off or nothing to leave it off"
+    )
+
+
+def parse_torch_group(environ: Mapping[str, str], torch_group=None) -> Optional[bool]:
+    """Return True, False, or None for auto: the torch_group argument, else SPMD_TORCH_GROUP."""
+    if isinstance(torch_group, bool):
+        return torch_group
+    source = "the torch_group argument" if torch_group is not None else "SPMD_TORCH_GROUP"
+    value = torch_group if torch_group is not None else environ.get("SPMD_TORCH_GROUP", "")
+    text = value.strip().lower() if isinstance(value, str) else None
+    if text in ("", "auto"):
+        return None
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    shown = f"SPMD_TORCH_GROUP={value!r}" if source == "SPMD_TORCH_GROUP" else f"{value!r} from {source}"
+    raise SettingsError(
+        f"{shown} is not auto, on or off: use auto (or nothing) to start torch.distributed's "
+        "group beside MPI when torch is imported, 1, true, yes or on to always start it, "
+        "0, false, no or off to never start it"
     )
 
 

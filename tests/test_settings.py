@@ -19,6 +19,7 @@ def test_defaults():
     assert s == Settings()
     assert (s.backend, s.timeout, s.debug, s.trace) == ("auto", DEFAULT_TIMEOUT, False, None)
     assert (s.keep_results, s.port, s.preempt_signal, s.listen_fd) == (None, None, None, None)
+    assert s.torch_group is None  # auto: on when torch is imported at init
 
 
 def test_blank_variables_are_unset():
@@ -59,6 +60,14 @@ def test_every_field_has_its_variable():
     ({"SPMD_PREEMPT_SIGNAL": "10"}, "preempt_signal", 10),
     ({"SPMD_LISTEN_FD": "7"}, "listen_fd", 7),
     ({"SPMD_LISTEN_FD": "0"}, "listen_fd", 0),
+    ({"SPMD_TORCH_GROUP": "auto"}, "torch_group", None),
+    ({"SPMD_TORCH_GROUP": " AUTO "}, "torch_group", None),
+    ({"SPMD_TORCH_GROUP": "1"}, "torch_group", True),
+    ({"SPMD_TORCH_GROUP": "On"}, "torch_group", True),
+    ({"SPMD_TORCH_GROUP": "yes"}, "torch_group", True),
+    ({"SPMD_TORCH_GROUP": "0"}, "torch_group", False),
+    ({"SPMD_TORCH_GROUP": "false"}, "torch_group", False),
+    ({"SPMD_TORCH_GROUP": "off"}, "torch_group", False),
 ])
 def test_good_values(env, field, value):
     assert getattr(Settings.parse(env), field) == value
@@ -79,6 +88,9 @@ def test_good_values(env, field, value):
     ({"SPMD_PREEMPT_SIGNAL": "0"}, ["unknown signal '0'", "SPMD_PREEMPT_SIGNAL", "a number from 1"]),
     ({"SPMD_LISTEN_FD": "x"}, ["SPMD_LISTEN_FD='x'", "not a file descriptor", "0 or more"]),
     ({"SPMD_LISTEN_FD": "-3"}, ["SPMD_LISTEN_FD='-3'", "0 or more"]),
+    ({"SPMD_TORCH_GROUP": "gloo"}, ["SPMD_TORCH_GROUP='gloo'", "not auto, on or off", "auto (or nothing)",
+                                    "1, true, yes or on", "0, false, no or off"]),
+    ({"SPMD_TORCH_GROUP": "2"}, ["SPMD_TORCH_GROUP='2'", "not auto, on or off"]),
 ])
 def test_bad_values_name_variable_value_and_what_is_allowed(env, words):
     with pytest.raises(SettingsError) as caught:
@@ -101,6 +113,18 @@ def test_arguments_win_over_the_environment():
     assert (s.backend, s.timeout, s.debug, s.trace) == ("gloo", 5.0, False, "arg.json")
     assert Settings.parse({"SPMD_BACKEND": "infiniband"}, backend="gloo").backend == "gloo"
     assert Settings.parse({}, timeout=datetime.timedelta(minutes=2)).timeout == 120.0
+
+
+def test_torch_group_argument_wins_over_the_environment():
+    assert Settings.parse({"SPMD_TORCH_GROUP": "0"}, torch_group=True).torch_group is True
+    assert Settings.parse({"SPMD_TORCH_GROUP": "1"}, torch_group=False).torch_group is False
+    assert Settings.parse({"SPMD_TORCH_GROUP": "0"}, torch_group="auto").torch_group is None
+    assert Settings.parse({"SPMD_TORCH_GROUP": "bad"}, torch_group="on").torch_group is True
+    assert Settings.parse({"SPMD_TORCH_GROUP": "0"}).torch_group is False  # None: the variable decides
+    with pytest.raises(SettingsError, match="'sometimes' from the torch_group argument is not auto, on or off"):
+        Settings.parse({}, torch_group="sometimes")
+    with pytest.raises(SettingsError, match="3 from the torch_group argument"):
+        Settings.parse({}, torch_group=3)
 
 
 def test_bad_arguments_are_named():
