@@ -23,7 +23,7 @@ __all__ = ["init", "finalize", "initialized", "on_finalize", "abort_job", "DEFAU
 
 _lock = threading.RLock()
 _comm = None
-_guards = []  # watchdogs that live as long as the communicator
+_guards = []  # what lives as long as the communicator: watchdogs, the torch group beside MPI
 _finalizers = []  # called at every finalize: caches of the communicator that just ended
 
 
@@ -143,10 +143,11 @@ def _start(settings, environ):
         from .comms.mpi import MpiComm
         from .watchdog import Hub, MpiTimeout
 
+        side = _torch_group(settings, placement, mpi_world, environ)
         comm = MpiComm(mpi_world, placement, seconds, monitor)
         timer = MpiTimeout(comm, monitor.family)
         hub = Hub(placement.rank, placement.size, comm.broadcast_object, local, seconds)
-        return comm, [timer, hub]
+        return comm, [timer, hub] + side
     from .comms.torch_world import init_process_group, open_comm
     from .rendezvous import await_peers, rendezvous
     from .watchdog import Hub, store_share
@@ -165,6 +166,73 @@ def _start(settings, environ):
     return comm, guards
 
 
+class _TorchGroup:
+    """torch.distributed's default group that spmd started beside MPI; close destroys it."""
+
+    def __init__(self, store):
+        import weakref
+
+        import torch.distributed as dist
+
+        self._store = store  # the rendezvous store: the group holds it too
+        self._group = weakref.ref(dist.group.WORLD)  # never the group itself
+
+    def close(self):
+        import gc
+
+        import torch.distributed as dist
+
+        # Only spmd's own group: one the user started after destroying it is theirs.
+        if dist.is_initialized() and dist.group.WORLD is self._group():
+            dist.destroy_process_group()
+        # gloo's threads end only once nothing holds the group (see TorchComm._close):
+        # drop the store too, and collect now rather than at interpreter teardown.
+        self._store = None
+        gc.collect()
+
+
+def _torch_group_wanted(settings):
+    """Tell whether to start torch.distributed beside MPI, importing torch if asked to."""
+    if settings.torch_group is False or (settings.torch_group is None and "torch" not in sys.modules):
+        return False
+    import torch.distributed as dist
+
+    return dist.is_available() and not dist.is_initialized()  # a group of the user's: left alone
+
+
+def _torch_group(settings, placement, mpi_world, environ):
+    """On the mpi backend, start torch.distributed's default group too; return [its owner] or []."""
+    if not _torch_group_wanted(settings):
+        return []
+    from .comms.torch_world import init_process_group
+    from .rendezvous import await_peers, rendezvous
+
+    seconds = settings.timeout
+    store, _, _ = rendezvous(placement, settings, mpi_world, environ)  # the address goes over MPI
+    await_peers(store, placement.rank, placement.size, seconds)
+    name, device = "gloo", "cpu"
+    if _nccl_fits(placement, mpi_world):
+        name, device = "nccl", _nccl_device(placement, store)
+    init_process_group(name, store, placement.rank, placement.size, seconds, device)
+    return [_TorchGroup(store)]
+
+
+def _nccl_fits(placement, mpi_world):
+    """Tell whether every rank can bind a GPU of its own for nccl (all ranks agree, over MPI)."""
+    fits = False
+    if placement.launcher != "none" and backends.cuda_usable():
+        import torch
+
+        fits = placement.local_size <= torch.cuda.device_count()
+    return bool(mpi_world.allreduce(int(fits), op=_mpi_min()))
+
+
+def _mpi_min():
+    from mpi4py import MPI
+
+    return MPI.MIN
+
+
 def _register_abort(comm, guards):
     """Tell spmd.abort this communicator's rank and size, and how its hub warns the others."""
     tell = []
@@ -181,7 +249,7 @@ def _torch_has_mpi():
     return dist.is_mpi_available()
 
 
-def init(backend=None, timeout=None, debug=None, trace=None):
+def init(backend=None, timeout=None, debug=None, trace=None, torch_group=None):
     """Start the runtime once and return the global communicator.
 
     backend: "auto" (default), "gloo", "nccl" or "mpi"; else SPMD_BACKEND.
@@ -190,6 +258,10 @@ def init(backend=None, timeout=None, debug=None, trace=None):
     debug: compare every collective's fingerprint across ranks first;
     else SPMD_DEBUG.  trace: a path for a Chrome trace of every
     collective, and a summary table at finalize; else SPMD_TRACE.
+    torch_group: on the mpi backend (mpi4py), also start torch.distributed's
+    default group (gloo, nccl on GPUs), so torch's own code and DDP run:
+    None (auto: when torch is imported at init), True (importing torch) or
+    False; else SPMD_TORCH_GROUP.  One the user started first is left alone.
     Later calls return the same communicator, and raise if they ask for
     a different backend or timeout.
     """
@@ -201,7 +273,7 @@ def init(backend=None, timeout=None, debug=None, trace=None):
             # Read at torch's first large allocation, so this is early enough.
             os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
             # A bad setting fails here, on every rank, before any rank waits for another.
-            settings = Settings.parse(os.environ, backend, timeout, debug, trace)
+            settings = Settings.parse(os.environ, backend, timeout, debug, trace, torch_group)
             _comm, _guards = _start(settings, os.environ)
             _register_abort(_comm, _guards)
             _comm._caches.results.configure(settings.keep_results, _comm.local_size)

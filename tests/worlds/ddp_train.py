@@ -7,6 +7,11 @@ Run under torchrun (it sets RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT):
 The model, data, loss and optimizer come from jobs/train_dp.py; the
 process group, parameter broadcast and gradient averaging are
 torch.distributed's.  Rank 0 writes the final state_dict to OUT.pt.
+
+With --spmd-init the process group is the one spmd.init() starts instead,
+so it also runs under mpirun on the default (mpi) backend:
+
+    mpirun -n 2 python tests/worlds/ddp_train.py OUT.pt --spmd-init
 """
 
 import argparse
@@ -35,10 +40,17 @@ def main():
     parser.add_argument("--global-batch", type=int, default=16)
     parser.add_argument("--optimizer", default="sgd")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--spmd-init", action="store_true",
+                        help="let spmd.init() start torch.distributed (any launcher)")
     args = parser.parse_args()
     job = load_job()
 
-    dist.init_process_group("gloo")
+    if args.spmd_init:
+        import spmd
+
+        spmd.init()
+    else:
+        dist.init_process_group("gloo")
     rank, size = dist.get_rank(), dist.get_world_size()
     model = job.build_model(args.seed)
     # The pooler gets no gradient, as in BERT: DDP must be told to look for it.
@@ -57,7 +69,10 @@ def main():
     # aborts the process ("terminate called without an active exception").
     del ddp, optimizer, model
     gc.collect()
-    dist.destroy_process_group()
+    if args.spmd_init:
+        spmd.finalize()  # destroys the group it started
+    else:
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
