@@ -161,7 +161,7 @@ def _check_rows(doc, collectives, ranks=2):
             want -= {"gloo"}  # torch.distributed has no uneven scatter or gather
         if c == "all_reduce_many":
             want |= {i + "+coalesce" for i in want}
-        if c in ("scatter", "gather", "all_gather"):  # spmd's equal=True, out= form too
+        if c in ("scatter", "gather", "all_gather", "all_to_all"):  # spmd's equal=True, out= form too
             want |= {i + "+equal" for i in want if i.startswith("spmd-")}
         assert got == want, (c, got)
     for r in rows:
@@ -171,7 +171,8 @@ def _check_rows(doc, collectives, ranks=2):
         assert r["busbw_gbps"] == pytest.approx(r["algbw_gbps"] * BUSBW(r["collective"], ranks), rel=1e-9)
     s = doc["summary"]
     assert set(s) == {"wrapper", "best", "uneven", "coalesce"}
-    assert {x["impl"] for x in s["coalesce"]} == {"spmd-mpi", "mpi4py", "spmd-gloo", "gloo"}
+    if "all_reduce_many" in collectives:
+        assert {x["impl"] for x in s["coalesce"]} == {"spmd-mpi", "mpi4py", "spmd-gloo", "gloo"}
     return rows
 
 
@@ -186,6 +187,24 @@ def test_bench_at_two_ranks_under_mpirun(tmp_path):
     rows = _check_rows(json.loads(out.read_text()), COLLECTIVES + EXTRAS)
     assert {r["size"] for r in rows if r["collective"] == "all_reduce"} == {8, 1024, 65536}
     assert "== all_reduce  (2 ranks" in result.stdout and "spmd-mpi / mpi4py" in result.stdout
+
+
+@pytest.mark.launcher
+@needs_mpirun
+@pytest.mark.timeout(200)
+def test_point_to_point_and_the_later_collectives_are_verified_then_timed(tmp_path):
+    out = tmp_path / "p2p.json"
+    messages = ("pingpong", "sendrecv", "all_to_all", "reduce_scatter")
+    args = ["--collectives", ",".join(messages), "--sizes", "8,4K", "--rounds", 1, "--target-time", "0.002",
+            "--json", out]
+    result = run([MPIRUN, "-n", 2, PY, "-m", "spmd.cli.bench", *args], 180, clean_env())
+    assert result.returncode == 0, result.stdout[-4000:]  # --verify (the default) checked every result first
+    rows = _check_rows(json.loads(out.read_text()), messages)
+    impls = {(r["collective"], r["impl"]) for r in rows}
+    for m in messages:
+        assert {(m, "spmd-mpi"), (m, "mpi4py"), (m, "spmd-gloo"), (m, "gloo")} <= impls, m
+    assert ("all_to_all", "spmd-mpi+equal") in impls
+    assert "== pingpong  (2 ranks" in result.stdout
 
 
 @pytest.mark.launcher

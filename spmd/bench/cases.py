@@ -23,6 +23,8 @@ from ..errors import BenchArgumentError
 __all__ = [
     "COLLECTIVES",
     "EXTRAS",
+    "MESSAGES",
+    "ALL",
     "BUSBW",
     "Layout",
     "Case",
@@ -36,17 +38,22 @@ __all__ = [
 COLLECTIVES = ("broadcast", "reduce", "all_reduce", "scatter", "gather", "all_gather")
 #: Further measurements: uneven chunks, a list of small tensors.
 EXTRAS = ("scatter_uneven", "gather_uneven", "all_reduce_many")
+#: Point to point and the later collectives, asked for with --collectives: a
+#: ping-pong between ranks 0 and 1 (time of the round trip), a ring sendrecv,
+#: all_to_all and reduce_scatter of equal blocks.
+MESSAGES = ("pingpong", "sendrecv", "all_to_all", "reduce_scatter")
+ALL = COLLECTIVES + EXTRAS + MESSAGES
 
 ROOT = 0
 #: Collectives also timed in spmd's equal=True, out= form ("+equal"): same shape
 #: on every rank declared, so no description exchange, and a receive buffer given.
-EQUAL_FORM = ("scatter", "gather", "all_gather")
+EQUAL_FORM = ("scatter", "gather", "all_gather", "all_to_all")
 
 
 def _busbw_factor(collective, n):
     if collective.startswith("all_reduce"):
         return 2 * (n - 1) / n
-    if collective in ("broadcast", "reduce"):
+    if collective in ("broadcast", "reduce", "pingpong", "sendrecv"):
         return 1.0
     return (n - 1) / n
 
@@ -295,6 +302,91 @@ def _many(world, impl, layout, fill):
     return Case(lambda: comm.all_reduce(xs), mine)  # spmd's list form: one call per dtype
 
 
+def _message(world, impl, layout, fill, pingpong):
+    """pingpong: rank 0 sends, rank 1 sends it back (others idle); sendrecv: a ring, every rank at once."""
+    n, rank, size = layout.elems, world.rank, world.size
+    kind = _kind(impl)
+    if pingpong:
+        x = _buf(kind, n, np.arange(1, n + 1) if fill and rank == 0 else None)
+        if rank > 1:
+            return Case(lambda: None, lambda: None)
+        peer, first = 1 - rank, rank == 0
+    else:
+        x = _buf(kind, n, np.full(n, rank + 1) if fill else None)
+        right, left = (rank + 1) % size, (rank - 1) % size
+    y = _buf(kind, n)
+    if impl.startswith("mpi4py"):
+        c = world.mpi
+        if not pingpong:
+            return Case(lambda: c.Sendrecv(x, right, 0, y, left, 0), lambda: y)
+        if first:
+            return Case(lambda: (c.Send(x, peer, 0), c.Recv(y, peer, 0)), lambda: y)
+        return Case(lambda: (c.Recv(y, peer, 0), c.Send(y, peer, 0)), lambda: y)
+    if impl == "gloo":
+        import torch.distributed as dist
+
+        if not pingpong:
+            def ring():
+                works = [dist.isend(x, right), dist.irecv(y, left)]
+                for w in works:
+                    w.wait()
+            return Case(ring, lambda: y)
+        if first:
+            return Case(lambda: (dist.send(x, peer), dist.recv(y, peer)), lambda: y)
+        return Case(lambda: (dist.recv(y, peer), dist.send(y, peer)), lambda: y)
+    comm = _spmd(world, impl)
+    if not pingpong:
+        return Case(lambda: comm.sendrecv(x, right, left, out=y), lambda: y)
+    if first:
+        return Case(lambda: (comm.send(x, peer), comm.recv(peer, out=y)), lambda: y)
+    return Case(lambda: (comm.recv(peer, out=y), comm.send(y, peer)), lambda: y)
+
+
+def _all_to_all(world, impl, layout, fill):
+    lengths, rank = list(layout.lengths), world.rank
+    total, kind = sum(lengths), _kind(impl)
+    x = _buf(kind, total, np.full(total, rank + 1) if fill else None)
+    y = _buf(kind, total)
+    box = [None]
+    if impl.startswith("mpi4py"):
+        return Case(lambda: world.mpi.Alltoall(x, y), lambda: y)
+    if impl == "gloo":
+        import torch.distributed as dist
+
+        return Case(lambda: dist.all_to_all_single(y, x), lambda: y)
+    comm = _spmd(world, impl)
+    if impl.endswith("+equal"):
+        return Case(lambda: comm.all_to_all(x, equal=True, out=y), lambda: y)
+
+    def op():
+        box[0] = comm.all_to_all(x)
+
+    return Case(op, lambda: box[0])
+
+
+def _reduce_scatter(world, impl, layout, fill):
+    lengths, rank = list(layout.lengths), world.rank
+    total, kind = sum(lengths), _kind(impl)
+    x = _buf(kind, total, np.full(total, rank + 1) if fill else None)
+    box = [None]
+    if impl.startswith("mpi4py"):
+        from mpi4py import MPI
+
+        y = _buf(kind, lengths[rank])
+        return Case(lambda: world.mpi.Reduce_scatter_block(x, y, MPI.SUM), lambda: y)
+    if impl == "gloo":
+        from ..comms.torch_arrays import reduce_scatter_single
+
+        y = _buf(kind, lengths[rank])
+        return Case(lambda: reduce_scatter_single(y, x), lambda: y)
+    comm = _spmd(world, impl)
+
+    def op():
+        box[0] = comm.reduce_scatter(x)
+
+    return Case(op, lambda: box[0])
+
+
 def build(world, collective, impl, layout, fill=False):
     """Return the Case for collective on impl with layout's buffers.
 
@@ -311,6 +403,12 @@ def build(world, collective, impl, layout, fill=False):
         return _gather(world, impl, layout, fill, collective == "all_gather", collective != "gather_uneven")
     if collective == "all_reduce_many":
         return _many(world, impl, layout, fill)
+    if collective in ("pingpong", "sendrecv"):
+        return _message(world, impl, layout, fill, collective == "pingpong")
+    if collective == "all_to_all":
+        return _all_to_all(world, impl, layout, fill)
+    if collective == "reduce_scatter":
+        return _reduce_scatter(world, impl, layout, fill)
     raise BenchArgumentError(f"unknown collective {collective!r}")
 
 
@@ -325,6 +423,14 @@ def expected(collective, layout, rank, size):
     if collective.startswith("scatter"):
         start = sum(layout.lengths[:rank])
         return np.arange(start + 1, start + layout.lengths[rank] + 1, dtype=np.float64)
+    if collective == "pingpong":
+        return np.arange(1, n + 1, dtype=np.float64) if rank < 2 else None
+    if collective == "sendrecv":
+        return np.full(n, (rank - 1) % size + 1.0)
+    if collective == "all_to_all":
+        return np.concatenate([np.full(m, r + 1.0) for r, m in enumerate(layout.lengths)])
+    if collective == "reduce_scatter":
+        return np.full(layout.lengths[rank], size * (size + 1) / 2)
     if collective == "all_gather" or (collective.startswith("gather") and rank == ROOT):
         return np.concatenate([np.full(m, r + 1.0) for r, m in enumerate(layout.lengths)]) if total else None
     return None

@@ -31,7 +31,7 @@ import numpy as np
 
 from ..errors import BenchArgumentError
 from ..units import format_size, parse_size
-from .cases import BUSBW, COLLECTIVES, EXTRAS, Layout, build, check, impls_for
+from .cases import ALL, BUSBW, COLLECTIVES, EXTRAS, Layout, build, check, impls_for
 
 __all__ = [
     "Settings",
@@ -81,6 +81,8 @@ def layout(collective, nbytes, size, many=(200, 4096)):
     """Return the Layout measured for collective at nominal nbytes, or None to skip."""
     if collective == "all_reduce_many":
         return Layout(elems=max(1, many[1] // 4), count=many[0])
+    if collective in ("pingpong", "sendrecv"):
+        return Layout(elems=max(1, nbytes // 4)) if size > 1 else None  # nobody to talk to
     if collective in ("broadcast", "reduce", "all_reduce"):
         return Layout(elems=max(1, nbytes // 4))
     if collective.endswith("_uneven"):
@@ -218,8 +220,8 @@ def run(world, settings=None, progress=None):
     settings = settings or Settings()
     rows = []
     for collective in settings.collectives:
-        if collective not in COLLECTIVES + EXTRAS:
-            raise BenchArgumentError(f"unknown collective {collective!r}; expected one of {COLLECTIVES + EXTRAS}")
+        if collective not in ALL:
+            raise BenchArgumentError(f"unknown collective {collective!r}; expected one of {ALL}")
         wanted = settings.impls or world.impls
         impls = tuple(i for i in impls_for(collective, wanted) if _available(world, i))
         if settings.verify:

@@ -10,7 +10,7 @@ import time
 import numpy as np
 
 from ..errors import BenchError
-from .cases import COLLECTIVES, EXTRAS
+from .cases import ALL, COLLECTIVES, EXTRAS
 from .measure import format_size
 from .world import IMPLS
 
@@ -111,7 +111,7 @@ def table(rows, spread=False):
     """Return the terminal tables, one per collective: median us and busbw GB/s per implementation."""
     out = []
     idx = _index(rows)
-    for collective in [c for c in COLLECTIVES + EXTRAS if any(r["collective"] == c for r in rows)]:
+    for collective in [c for c in ALL if any(r["collective"] == c for r in rows)]:
         impls = _impls(rows, collective)
         sizes = sorted({r["size"] for r in rows if r["collective"] == collective})
         ranks = next(r["ranks"] for r in rows if r["collective"] == collective)
@@ -173,7 +173,7 @@ def summary(rows):
     out = {"wrapper": [], "best": [], "uneven": [], "coalesce": []}
     idx = _index(rows)
     for a, b in PAIRS:
-        for c in COLLECTIVES + EXTRAS:
+        for c in ALL:
             out["wrapper"] += _banded(ratios(rows, a, b, c), {"spmd": a, "raw": b, "collective": c})
     for c in COLLECTIVES:
         best = []
@@ -281,7 +281,7 @@ def plot(rows, path, title=None):
             f"plotting needs matplotlib ({exc}); install it with: pip install matplotlib, "
             "or leave out --plot"
         ) from None
-    panels = [c for c in COLLECTIVES + EXTRAS if c != "all_reduce_many" and any(r["collective"] == c for r in rows)]
+    panels = [c for c in ALL if c != "all_reduce_many" and any(r["collective"] == c for r in rows)]
     if not panels:
         raise BenchError("nothing to plot: no collective was measured at several sizes")
     cols = min(3, len(panels))

@@ -14,12 +14,12 @@ import traceback
 
 import click
 
-from ..bench.cases import COLLECTIVES, EXTRAS
+from ..bench.cases import ALL
 from ..errors import SpmdError
 
 __all__ = ["bench"]
 
-CHOICES = COLLECTIVES + EXTRAS
+CHOICES = ALL
 
 
 def _names(value, allowed, what):
