@@ -14,7 +14,7 @@ import traceback
 
 import click
 
-from ..bench.cases import ALL
+from ..bench.cases import ALL, COLLECTIVES, EXTRAS, MESSAGES
 from ..errors import SpmdError
 
 __all__ = ["bench"]
@@ -86,7 +86,8 @@ _POSITIVE = click.FloatRange(min=0, min_open=True)
               help="Write rows, summary and metadata here.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False),
               help="Write a PNG of busbw against size (needs matplotlib).")
-@click.option("--collectives", default=",".join(CHOICES), show_default=True, help="Comma-separated list.")
+@click.option("--collectives", default=",".join(COLLECTIVES + EXTRAS), show_default=True,
+              help=f"Comma-separated list; also {', '.join(MESSAGES)} (point to point and the later collectives).")
 @click.option("--impls", help="Comma-separated subset of spmd-mpi, mpi4py, spmd-gloo, gloo (also "
               "mpi4py-torchbuf: raw mpi4py on torch-allocated memory) [default: all available].")
 @click.option("--backends", help="mpi,gloo: the worlds to start [default: mpi,gloo under MPI, else gloo].")
