@@ -116,6 +116,7 @@ class Descriptions:
         self._headers = {}
         self._sent = {}  # root's scatter headers
         self._checked = {}  # gathered rows (bytes) that passed check_rows -> lengths
+        self._messages = {}  # point-to-point header rows (bytes) -> (kind, dtype, shape)
 
     def row(self, x):
         """Return (x's row, the bytes of every rank sending the same valid row, or None)."""
@@ -153,6 +154,15 @@ class Descriptions:
             hit = self._keep(self._headers, key, (kind, dtype, trail))
         return hit + (header[1 + WIDTH :].tolist(),)
 
+    def message(self, header):
+        """Return (kind, dtype, shape) of a point-to-point message's header row, decoding each once."""
+        key = header.tobytes()
+        hit = self._messages.get(key)
+        if hit is None:
+            kind, dtype, trail, n = decode(header)
+            hit = self._keep(self._messages, key, (kind, dtype, tuple(trail) if n is None else (n,) + tuple(trail)))
+        return hit
+
     def switch(self, on):
         """Turn keeping on or off (off: what was kept is let go)."""
         self.on = on
@@ -160,7 +170,7 @@ class Descriptions:
 
     def clear(self):
         """Let every kept description go."""
-        for cache in (self._rows, self._headers, self._sent, self._checked):
+        for cache in (self._rows, self._headers, self._sent, self._checked, self._messages):
             cache.clear()
 
     def _keep(self, cache, key, value):

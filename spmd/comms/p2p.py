@@ -55,11 +55,6 @@ def _nbytes(x):
     return x.nbytes if isinstance(x, np.ndarray) else x.numel() * x.element_size()
 
 
-def _shape_of(kind_dtype_trail_n):
-    _, _, trail, n = kind_dtype_trail_n
-    return tuple(trail) if n is None else (n,) + tuple(trail)
-
-
 class PointToPoint:
     """send, recv, isend, irecv, sendrecv, send_object, recv_object."""
 
@@ -97,7 +92,7 @@ class PointToPoint:
                 f"send one of at most {meta.MAX_TRAIL + 1} dimensions, of a dtype among {', '.join(meta.DTYPES)}"
             )
         c, _ = contiguous(x)
-        return c, meta.encode(x)
+        return c, self._descs.row(x)[0]  # kept per (kind, dtype, shape): senders only read it
 
     # -- sends -----------------------------------------------------------------------
 
@@ -218,10 +213,9 @@ class PointToPoint:
 
     def _prepare(self, header, source, base, out):
         """The header from source has come: return (the buffer its data goes into, the result, error or None)."""
-        desc = meta.decode(header)
-        kind, dtype, shape = desc[0], desc[1], _shape_of(desc)
+        kind, dtype, shape = self._descs.message(header)
         error = None
-        if out is not None and (dtype_name(out) != dtype or tuple(out.shape) != shape):
+        if out is not None and (self._descs.row(out)[0][1:].tobytes() != header[1:].tobytes()):
             error = (
                 f"recv from rank {source} (tag {base // TAG_STRIDE}): out is a {dtype_name(out)} array of "
                 f"shape {tuple(out.shape)} but rank {source} sent {dtype} of shape {shape}; pass out of that "
