@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 
-__all__ = ["CASES", "measure", "main"]
+__all__ = ["measure", "table", "main"]
 
 BIG = 16 << 20  # bytes per rank for the results pool's cases
 

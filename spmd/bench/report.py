@@ -10,7 +10,7 @@ import time
 import numpy as np
 
 from ..errors import BenchError
-from .cases import ALL, COLLECTIVES, EXTRAS
+from .cases import ALL, COLLECTIVES
 from .measure import format_size
 from .world import IMPLS
 

@@ -4,8 +4,6 @@ A mixin of :class:`~spmd.comms.base.Comm`, which declares the hooks and
 the bookkeeping (``_call``, ``_describing``) these methods go through.
 """
 
-import numpy as np
-
 from ..errors import CollectiveError
 from . import meta
 from .arrays import check_array, check_op, split_sizes

@@ -24,7 +24,6 @@ the message names both call sites.
 """
 
 import pickle
-import threading
 import time
 
 import numpy as np
@@ -33,12 +32,10 @@ from ..errors import CollectiveError, CollectiveTimeout
 from . import meta
 from .arrays import contiguous, dtype_name, is_tensor
 from .handle import Handle
+from .incoming import DATA, HEADER, TAG_STRIDE, VERDICT, WHERE, Incoming, Threaded, all_done
 
 __all__ = ["PointToPoint", "Received", "HEADER", "DATA", "WHERE", "VERDICT", "TAG_STRIDE"]
 
-#: What each of the backend's tags of one user tag carries.
-HEADER, DATA, WHERE, VERDICT = 1, 2, 3, 4
-TAG_STRIDE = 8
 
 
 class Received(Handle):
@@ -122,7 +119,7 @@ class PointToPoint:
             works.append(self._send(c, dst, base + DATA, pending))
         if not pending:
             return None
-        handle = Handle(lambda: self._progressing(works), lambda: _all_done(works), lambda: (c, header) and None)
+        handle = Handle(lambda: self._progressing(works), lambda: all_done(works), lambda: (c, header) and None)
         return handle if async_op else handle.wait()
 
     def _send_checked(self, c, header, dst, base, async_op):
@@ -163,12 +160,12 @@ class PointToPoint:
         return self.recv(src, tag, out=out, async_op=True)
 
     def _recv_message(self, src, tag, out):
-        incoming = _Incoming(self, src, TAG_STRIDE * tag, out, bool(self._incoming))
+        incoming = Incoming(self, src, TAG_STRIDE * tag, out, bool(self._incoming))
         incoming.wait()
         return incoming.result(), incoming.source
 
     def _irecv_message(self, src, tag, out):
-        kind = _Threaded if self._receives_in_threads else _Incoming
+        kind = Threaded if self._receives_in_threads else Incoming
         incoming = kind(self, src, TAG_STRIDE * tag, out, True)
         self._incoming.append(incoming)
         handle = Received(incoming.wait, incoming.test, None, tag)
@@ -196,7 +193,7 @@ class PointToPoint:
         comes: so waiting for anything keeps those going, as MPI would.
         """
         spins, deadline = 0, time.monotonic() + (self.timeout or float("inf"))
-        while self._incoming and not _all_done(works):
+        while self._incoming and not all_done(works):
             for incoming in list(self._incoming):
                 incoming.advance()
             spins += 1
@@ -289,115 +286,3 @@ class _Finished(Handle):
 
     def __init__(self, result):
         self._done, self._result = True, result
-
-
-def _all_done(works):
-    return all(w is None or w.is_completed() for w in works)
-
-
-_DONE = object()  # a data receive that is over (or had nothing to receive)
-
-
-class _Incoming:
-    """One receive: its header first (posted at once), then its data (posted when the header has come)."""
-
-    def __init__(self, comm, src, base, out, pending):
-        self.comm, self.base, self.out = comm, base, out
-        self.header = np.empty(meta.WIDTH, np.int64)
-        self.head = comm._recv(self.header, src, base + HEADER, pending)  # a Handle, or (blocking) the source
-        self.data = None  # the data's receive once posted: a Handle, or _DONE
-        self.source = self.result_ = self.error = self.back = self.keep = None
-        self.pending = pending
-        if not pending:
-            self.source = self.head
-            self._post()
-
-    def advance(self, block=False):
-        """Post the data receive once the header has come; tell whether it is posted."""
-        if self.data is None:
-            if block:
-                self.comm._progressing([self.head])
-            elif not self.head.is_completed():
-                return False
-            self.source = self.head.wait()
-            self._post()
-        return True
-
-    def _post(self):
-        comm = self.comm
-        if self in comm._incoming:
-            comm._incoming.remove(self)
-        target, self.result_, self.error = comm._prepare(self.header, self.source, self.base, self.out)
-        c, self.back = contiguous(target)
-        self.keep = c
-        if not _nbytes(c):
-            self.data = _DONE
-        elif self.pending:
-            self.data = comm._recv(c, self.source, self.base + DATA, True)
-        else:
-            comm._recv(c, self.source, self.base + DATA, False)
-            self.data = _DONE
-
-    def test(self):
-        return self.advance() and (self.data is _DONE or self.data.is_completed())
-
-    def wait(self):
-        self.advance(block=True)
-        if self.data is not _DONE:
-            self.comm._progressing([self.data])
-
-    def result(self):
-        if self.error:
-            raise CollectiveError(self.error)
-        if self.back is not None:
-            self.back()
-        return self.result_
-
-
-class _Threaded(_Incoming):
-    """An immediate receive where waiting is the only progress (gloo): a thread of its own waits
-    for the header and posts the data receive.  It starts at the first test or wait of this
-    receive, or at any wait of this communicator's point to point (which is what lets a
-    peer's large message complete while this rank waits for its own send)."""
-
-    def __init__(self, comm, src, base, out, pending):
-        self._thread, self._over, self._failed = None, threading.Event(), None
-        super().__init__(comm, src, base, out, pending)
-
-    def advance(self, block=False):
-        if self._thread is None:
-            if self in self.comm._incoming:
-                self.comm._incoming.remove(self)
-            self._thread = threading.Thread(target=self._run, name="spmd-irecv", daemon=True)
-            self._thread.start()
-        if block:
-            self._finish_thread()
-        return self._over.is_set()
-
-    def _run(self):
-        try:
-            self.source = self.head.wait()
-            self._post()
-            if self.data is not _DONE:
-                self.data.wait()
-        except BaseException as exc:  # raised again by wait(), on the caller's thread
-            self._failed = exc
-        finally:
-            self._over.set()
-
-    def _finish_thread(self):
-        timeout = self.comm.timeout
-        if not self._over.wait(None if timeout is None else timeout + 5.0):
-            raise CollectiveTimeout(
-                f"rank {self.comm.rank}: an immediate receive (tag {self.base // TAG_STRIDE}) timed out "
-                f"after {timeout:g} s: no message came; last calls on this rank: {self.comm._mon.recent()}"
-            )
-        self._thread.join()
-        if self._failed is not None:
-            raise self._failed
-
-    def test(self):
-        return self.advance()
-
-    def wait(self):
-        self.advance(block=True)

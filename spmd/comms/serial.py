@@ -5,7 +5,7 @@ import numpy as np
 from .base import Comm
 from .handle import Done, Handle
 from .mailbox import Mailbox
-from .p2p import TAG_STRIDE
+from .incoming import TAG_STRIDE
 
 __all__ = ["SerialComm"]
 

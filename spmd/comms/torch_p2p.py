@@ -19,7 +19,7 @@ import torch.distributed as dist
 from ..errors import CollectiveError
 from .handle import Handle, after
 from .mailbox import Mailbox
-from .p2p import TAG_STRIDE
+from .incoming import TAG_STRIDE
 from .torch_arrays import OPS, as_kind, reduce_scatter_single, tensor, wire
 
 __all__ = ["TorchMessages"]

@@ -1,0 +1,140 @@
+"""A point-to-point receive in flight: its header first, then its data.
+
+The header (the array's description) is received first; the data's
+receive is posted once it has come, into a new array of the described
+kind, dtype and shape, or into ``out``.  :class:`Incoming` is moved on by
+whoever waits (MPI: a test makes progress); :class:`Threaded` waits for
+its header in a thread of its own (gloo: a work completes only when
+waited for).
+"""
+
+import threading
+
+import numpy as np
+
+from ..errors import CollectiveError, CollectiveTimeout
+from . import meta
+from .arrays import contiguous
+
+__all__ = ["Incoming", "Threaded", "all_done", "HEADER", "DATA", "WHERE", "VERDICT", "TAG_STRIDE"]
+
+#: What each of the backend's tags of one user tag carries.
+HEADER, DATA, WHERE, VERDICT = 1, 2, 3, 4
+TAG_STRIDE = 8
+
+
+def _nbytes(x):
+    return x.nbytes if isinstance(x, np.ndarray) else x.numel() * x.element_size()
+
+
+def all_done(works):
+    """Tell whether every work (a Handle, or None for one already over) is complete."""
+    return all(w is None or w.is_completed() for w in works)
+
+
+_DONE = object()  # a data receive that is over (or had nothing to receive)
+
+
+class Incoming:
+    """One receive: its header first (posted at once), then its data (posted when the header has come)."""
+
+    def __init__(self, comm, src, base, out, pending):
+        self.comm, self.base, self.out = comm, base, out
+        self.header = np.empty(meta.WIDTH, np.int64)
+        self.head = comm._recv(self.header, src, base + HEADER, pending)  # a Handle, or (blocking) the source
+        self.data = None  # the data's receive once posted: a Handle, or _DONE
+        self.source = self.result_ = self.error = self.back = self.keep = None
+        self.pending = pending
+        if not pending:
+            self.source = self.head
+            self._post()
+
+    def advance(self, block=False):
+        """Post the data receive once the header has come; tell whether it is posted."""
+        if self.data is None:
+            if block:
+                self.comm._progressing([self.head])
+            elif not self.head.is_completed():
+                return False
+            self.source = self.head.wait()
+            self._post()
+        return True
+
+    def _post(self):
+        comm = self.comm
+        if self in comm._incoming:
+            comm._incoming.remove(self)
+        target, self.result_, self.error = comm._prepare(self.header, self.source, self.base, self.out)
+        c, self.back = contiguous(target)
+        self.keep = c
+        if not _nbytes(c):
+            self.data = _DONE
+        elif self.pending:
+            self.data = comm._recv(c, self.source, self.base + DATA, True)
+        else:
+            comm._recv(c, self.source, self.base + DATA, False)
+            self.data = _DONE
+
+    def test(self):
+        return self.advance() and (self.data is _DONE or self.data.is_completed())
+
+    def wait(self):
+        self.advance(block=True)
+        if self.data is not _DONE:
+            self.comm._progressing([self.data])
+
+    def result(self):
+        if self.error:
+            raise CollectiveError(self.error)
+        if self.back is not None:
+            self.back()
+        return self.result_
+
+
+class Threaded(Incoming):
+    """An immediate receive where waiting is the only progress (gloo): a thread of its own waits
+    for the header and posts the data receive.  It starts at the first test or wait of this
+    receive, or at any wait of this communicator's point to point (which is what lets a
+    peer's large message complete while this rank waits for its own send)."""
+
+    def __init__(self, comm, src, base, out, pending):
+        self._thread, self._over, self._failed = None, threading.Event(), None
+        super().__init__(comm, src, base, out, pending)
+
+    def advance(self, block=False):
+        if self._thread is None:
+            if self in self.comm._incoming:
+                self.comm._incoming.remove(self)
+            self._thread = threading.Thread(target=self._run, name="spmd-irecv", daemon=True)
+            self._thread.start()
+        if block:
+            self._finish_thread()
+        return self._over.is_set()
+
+    def _run(self):
+        try:
+            self.source = self.head.wait()
+            self._post()
+            if self.data is not _DONE:
+                self.data.wait()
+        except BaseException as exc:  # raised again by wait(), on the caller's thread
+            self._failed = exc
+        finally:
+            self._over.set()
+
+    def _finish_thread(self):
+        timeout = self.comm.timeout
+        if not self._over.wait(None if timeout is None else timeout + 5.0):
+            raise CollectiveTimeout(
+                f"rank {self.comm.rank}: an immediate receive (tag {self.base // TAG_STRIDE}) timed out "
+                f"after {timeout:g} s: no message came; last calls on this rank: {self.comm._mon.recent()}"
+            )
+        self._thread.join()
+        if self._failed is not None:
+            raise self._failed
+
+    def test(self):
+        return self.advance()
+
+    def wait(self):
+        self.advance(block=True)
