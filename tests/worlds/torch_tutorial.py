@@ -13,15 +13,22 @@ torch.distributed alone (SPMD_TORCH_GROUP=0), and prints TUTORIAL SKIPPED.
 """
 
 import math
+import os
 import sys
 
 import torch
+import torch._dynamo  # noqa: F401 (see below)
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 import torch.optim as optim
 
 import spmd
+
+# The optimizer's first step imports torch._dynamo; imported while a gloo group
+# lives, it keeps two of the group's pt_gloo_runloop threads past
+# destroy_process_group (torch 2.13, with or without spmd). Imported first, it
+# does not, so the check after finalize sees only what spmd itself keeps.
 
 
 def blocking_p2p(rank, size):
@@ -154,7 +161,26 @@ def main():
     x = torch.ones(1)
     spmd.comm.all_reduce(x)
     assert x.item() == size, x
-    print(f"TUTORIAL OK rank {rank} size {size} backend {spmd.comm.backend} torch {dist.get_backend()}", flush=True)
+    backend, torch_backend = spmd.comm.backend, dist.get_backend()
+    spmd.finalize()
+    # finalize destroyed the group and dropped it: gloo's threads ended now, not at teardown.
+    assert not dist.is_initialized(), "torch.distributed still initialised after finalize"
+    left = [t for t in gloo_threads() if t.startswith("pt_gloo")]
+    assert not left, f"gloo worker threads after finalize: {left}"
+    print(f"TUTORIAL OK rank {rank} size {size} backend {backend} torch {torch_backend}", flush=True)
+
+
+def gloo_threads():
+    """Names of this process's threads (Linux), native ones included."""
+    names = []
+    if os.path.isdir("/proc/self/task"):
+        for task in os.listdir("/proc/self/task"):
+            try:
+                with open(f"/proc/self/task/{task}/comm") as f:
+                    names.append(f.read().strip())
+            except OSError:
+                pass
+    return names
 
 
 if __name__ == "__main__":
