@@ -20,6 +20,14 @@ ARGS = ["--items", ITEMS, "--rows", ROWS, "--cols", COLS, "--seed", SEED]
 pytestmark = pytest.mark.launcher
 needs_mpirun = pytest.mark.skipif(MPIRUN is None, reason="mpirun not found: pip install mpich")
 
+# The job takes about a second: a hang ends with spmd's timeout, which names the call, before the test's.
+TIMEOUT = 60
+
+
+def env(**extra):
+    return clean_env(SPMD_TIMEOUT=TIMEOUT, **extra)
+
+
 SUMMARY = re.compile(r"master_worker: (\d+) items, per worker \{([^}]*)\}, total (\S+), OK")
 
 
@@ -45,7 +53,7 @@ def summary(result, workers):
 
 @pytest.mark.timeout(60)
 def test_plain_python_computes_everything_on_one_rank():
-    result = run([PY, JOB, *ARGS], 50)
+    result = run([PY, JOB, *ARGS], 50, env())
     assert summary(result, [0]) == {0: ITEMS}
 
 
@@ -53,13 +61,13 @@ def test_plain_python_computes_everything_on_one_rank():
 @needs_mpirun
 @pytest.mark.parametrize("backend", ["mpi", "gloo"])
 def test_mpirun(backend):
-    result = run([MPIRUN, "-n", 3, PY, JOB, *ARGS], 110, clean_env(SPMD_BACKEND=backend))
+    result = run([MPIRUN, "-n", 3, PY, JOB, *ARGS], 110, env(SPMD_BACKEND=backend))
     summary(result, [1, 2])
 
 
 @pytest.mark.timeout(120)
 def test_spmd_run():
-    result = run([tool("spmd"), "run", "-n", 3, JOB, *ARGS], 110)
+    result = run([tool("spmd"), "run", "-n", 3, JOB, *ARGS], 110, env())
     summary(result, [1, 2])
 
 
@@ -70,7 +78,7 @@ def test_the_slow_worker_gets_fewer_items(slow):
     # The slow rank sleeps 0.1 s per item; the other computes an item in well under that,
     # so asking on demand gives it most of the 60 items (about 55 on an idle machine).
     cmd = [MPIRUN, "-n", 3, PY, "-m", "spmd", JOB, *ARGS, "--slow-rank", slow, "--delay", 0.1]
-    counts = summary(run(cmd, 110, clean_env()), [1, 2])
+    counts = summary(run(cmd, 110, env()), [1, 2])
     fast = 3 - slow
     assert counts[slow] < counts[fast], counts
 
@@ -78,5 +86,5 @@ def test_the_slow_worker_gets_fewer_items(slow):
 @pytest.mark.timeout(60)
 @needs_mpirun
 def test_the_master_cannot_be_the_slow_rank():
-    result = run([MPIRUN, "-n", 2, PY, JOB, *ARGS, "--slow-rank", 0], 50, clean_env())
+    result = run([MPIRUN, "-n", 2, PY, JOB, *ARGS, "--slow-rank", 0], 50, env())
     assert result.returncode == 2 and "the workers are ranks 1 to 1" in result.stdout, result.stdout[-2000:]

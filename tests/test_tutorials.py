@@ -13,6 +13,12 @@ import pytest
 from conftest import MPIRUN, PY, WORLDS, clean_env, run, tool
 
 TUTORIAL = WORLDS / "mpi4py_tutorial.py"
+# The tutorial takes seconds: a hang ends with spmd's timeout, which names the call, well before the test's.
+TIMEOUT = 60
+
+
+def env(**extra):
+    return clean_env(SPMD_TIMEOUT=TIMEOUT, **extra)
 
 pytestmark = [pytest.mark.launcher, pytest.mark.skipif(MPIRUN is None, reason="mpirun not found: pip install mpich")]
 
@@ -35,30 +41,30 @@ def assert_tutorial(result, size, backend):
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("size", [2, 4])
 def test_mpirun_mpi(size):
-    result = run([MPIRUN, "-n", size, PY, "-m", "spmd", TUTORIAL], 140, clean_env())
+    result = run([MPIRUN, "-n", size, PY, "-m", "spmd", TUTORIAL], 140, env())
     assert_tutorial(result, size, "mpi")
 
 
 @pytest.mark.timeout(150)
 def test_mpirun_gloo():
-    result = run([MPIRUN, "-n", 3, PY, "-m", "spmd", TUTORIAL], 140, clean_env(SPMD_BACKEND="gloo"))
+    result = run([MPIRUN, "-n", 3, PY, "-m", "spmd", TUTORIAL], 140, env(SPMD_BACKEND="gloo"))
     assert_tutorial(result, 3, "gloo")
 
 
 @pytest.mark.timeout(150)
 def test_spmd_run():
-    result = run([tool("spmd"), "run", "-n", 3, TUTORIAL], 140)
+    result = run([tool("spmd"), "run", "-n", 3, TUTORIAL], 140, env())
     assert_tutorial(result, 3, "gloo")
 
 
 @pytest.mark.timeout(150)
 def test_torchrun():
-    result = run([tool("torchrun"), "--nproc-per-node", 2, "-m", "spmd", TUTORIAL], 140)
+    result = run([tool("torchrun"), "--nproc-per-node", 2, "-m", "spmd", TUTORIAL], 140, env())
     assert_tutorial(result, 2, "gloo")
 
 
 @pytest.mark.timeout(60)
 def test_one_rank_is_refused():
     # The tutorial's examples need a peer: with one rank it says so and exits non-zero.
-    result = run([PY, TUTORIAL], 50)
+    result = run([PY, TUTORIAL], 50, env())
     assert result.returncode != 0 and "needs at least 2 ranks" in result.stdout, result.stdout[-2000:]
