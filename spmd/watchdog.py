@@ -34,6 +34,7 @@ class Hub:
             host = "127.0.0.1" if local_only else socket.gethostname()
             share(f"{host}:{self._server.getsockname()[1]}")
             self._peers = {}  # socket -> rank
+            self._accepted = []  # every connection, whether its HELLO was read yet or not
             target = self._serve
         else:
             host, port = share(None).rsplit(":", 1)
@@ -53,7 +54,10 @@ class Hub:
         while not self._closing:
             for key, _ in sel.select(timeout=0.5):
                 if key.fileobj is self._server:
-                    conn, _ = self._server.accept()
+                    try:
+                        conn = self._accept()
+                    except OSError:  # taken by close(), or the server is closed
+                        continue
                     buffers[conn] = b""
                     sel.register(conn, selectors.EVENT_READ)
                     continue
@@ -85,9 +89,16 @@ class Hub:
         elif word == "FAIL":
             self._abort_all(None)
 
-    def _tell_all(self, word):
+    def _accept(self):
+        conn, _ = self._server.accept()
         with self._lock:
-            for conn in list(self._peers):
+            self._accepted.append(conn)
+        return conn
+
+    def _tell_all(self, word):
+        """Send word to every connection, those whose HELLO this thread has not read yet included."""
+        with self._lock:
+            for conn in list(self._accepted):
                 try:
                     conn.sendall(word)
                 except OSError:
@@ -133,6 +144,14 @@ class Hub:
         """Leave normally: the other side will not take it for a death."""
         self._closing = True
         if self.rank == 0:
+            # Under load the serve thread may not have accepted every rank yet: a
+            # connection closed unaccepted would read, on its rank, as rank 0's death.
+            self._server.setblocking(False)
+            while True:
+                try:
+                    self._accept()
+                except OSError:
+                    break
             self._tell_all(b"BYE\n")
             self._server.close()
         else:

@@ -53,11 +53,12 @@ class Incoming:
         """Post the data receive once the header has come; tell whether it is posted."""
         if self.data is None:
             if block:
-                self.comm._progressing([self.head])
+                self.comm._progressing([self.head])  # may move this receive on too
             elif not self.head.is_completed():
                 return False
-            self.source = self.head.wait()
-            self._post()
+            if self.data is None:  # never post the data receive twice
+                self.source = self.head.wait()
+                self._post()
         return True
 
     def _post(self):

@@ -1,5 +1,7 @@
 """Arrays as torch.distributed takes them: tensors sharing memory, complex as real views, op codes."""
 
+import warnings
+
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -23,7 +25,13 @@ all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_
 def tensor(x):
     """Return a contiguous tensor sharing x's memory where possible, and a write-back."""
     c, back = contiguous(x)
-    return (torch.from_numpy(c) if isinstance(c, np.ndarray) else c), back
+    if not isinstance(c, np.ndarray):
+        return c, back
+    if not c.flags.writeable:  # a read-only array (a send's payload): torch warns, though nobody writes
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            return torch.from_numpy(c), back
+    return torch.from_numpy(c), back
 
 
 def as_kind(t, kind):
