@@ -149,13 +149,11 @@ def _start(settings, environ):
         hub = Hub(placement.rank, placement.size, comm.broadcast_object, local, seconds)
         return comm, [timer, hub] + side
     from .comms.torch_world import init_process_group, open_comm
-    from .rendezvous import await_peers, rendezvous
     from .watchdog import Hub, store_share
 
     store, device, guards = None, "cpu", []
     if not torch_mpi:  # torch's own MPI group meets through MPI itself
-        store, _, _ = rendezvous(placement, settings, mpi_world, environ)
-        await_peers(store, placement.rank, placement.size, seconds)
+        store = _meet(placement, settings, mpi_world, environ)
     if name == "nccl":
         device = _nccl_device(placement, store)
     init_process_group(name, store, placement.rank, placement.size, seconds, device)
@@ -205,16 +203,23 @@ def _torch_group(settings, placement, mpi_world, environ):
     if not _torch_group_wanted(settings):
         return []
     from .comms.torch_world import init_process_group
-    from .rendezvous import await_peers, rendezvous
 
     seconds = settings.timeout
-    store, _, _ = rendezvous(placement, settings, mpi_world, environ)  # the address goes over MPI
-    await_peers(store, placement.rank, placement.size, seconds)
+    store = _meet(placement, settings, mpi_world, environ)  # under MPI the address goes over MPI
     name, device = "gloo", "cpu"
     if _nccl_fits(placement, mpi_world):
         name, device = "nccl", _nccl_device(placement, store)
     init_process_group(name, store, placement.rank, placement.size, seconds, device)
     return [_TorchGroup(store)]
+
+
+def _meet(placement, settings, mpi_world, environ):
+    """Rendezvous for a torch group: return the store, once every rank has reached it."""
+    from .rendezvous import await_peers, rendezvous
+
+    store, _, _ = rendezvous(placement, settings, mpi_world, environ)
+    await_peers(store, placement.rank, placement.size, settings.timeout)
+    return store
 
 
 def _nccl_fits(placement, mpi_world):
@@ -224,13 +229,7 @@ def _nccl_fits(placement, mpi_world):
         import torch
 
         fits = placement.local_size <= torch.cuda.device_count()
-    return bool(mpi_world.allreduce(int(fits), op=_mpi_min()))
-
-
-def _mpi_min():
-    from mpi4py import MPI
-
-    return MPI.MIN
+    return all(mpi_world.allgather(fits))
 
 
 def _register_abort(comm, guards):
