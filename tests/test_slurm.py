@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import PY, REPO, clean_env, finish, missing, run, start
+from conftest import PY, REPO, WORLDS, clean_env, finish, missing, run, start, tool
 from slurm_cluster import SlurmCluster, SlurmUnavailable
 from spmd.submit import sbatch as slurm
 
@@ -289,3 +289,42 @@ def _preempt_and_requeue(cluster, where):
         assert text in log, log
     assert "Restarts=1" in show_job(cluster, job_id)
     return None
+
+
+# Issue 12: both tutorials and DDP through srun on the cluster, the default
+# (mpi) backend, ranks on different nodes: torch.distributed's group beside MPI
+# meets across nodes, and point to point crosses them.
+
+
+@pytest.mark.timeout(300)
+def test_tutorials_through_srun_on_the_mpi_backend(cluster, tmp_path):
+    for script, size, pattern in (
+        ("mpi4py_tutorial.py", 4, r"TUTORIAL OK rank (\d) size 4 backend mpi checks (\d+)"),
+        ("torch_tutorial.py", 4, r"TUTORIAL OK rank (\d) size 4 backend mpi torch (gloo)"),
+    ):
+        result, job_id, log = submit(cluster, tmp_path, "-N", "2", "--ntasks-per-node", "2",
+                                     "--backend", "mpi", "-t", "5", WORLDS / script, timeout=240)
+        assert result.returncode == 0, f"{script}: {result.stdout}\n--- log:\n{log}"
+        found = re.findall(pattern, log)
+        assert sorted(rank for rank, _ in found) == [str(r) for r in range(size)], f"{script}:\n{log}"
+        if script.startswith("mpi4py"):
+            assert all(int(checks) >= 30 for _, checks in found), log
+        assert "NodeList=127.0.0.[2-3]" in show_job(cluster, job_id)
+
+
+@pytest.mark.timeout(400)
+def test_ddp_through_srun_trains_like_ddp_under_torchrun(cluster, tmp_path):
+    torch = pytest.importorskip("torch")
+    ddp = WORLDS / "ddp_train.py"
+    common = ["--steps", 4, "--global-batch", 16, "--optimizer", "sgd"]
+    ref, ours = tmp_path / "torchrun.pt", tmp_path / "srun.pt"
+    result = run([tool("torchrun"), "--standalone", "--nproc-per-node", 2, ddp, ref] + common,
+                 150, env=clean_env(OMP_NUM_THREADS=1), what="torch DDP under torchrun")
+    assert result.returncode == 0 and result.stdout.count("DDP OK") == 2, result.stdout[-4000:]
+    result, job_id, log = submit(cluster, tmp_path, "-N", "2", "--ntasks-per-node", "1",
+                                 "--backend", "mpi", "-t", "5", ddp, ours, "--spmd-init", *common,
+                                 timeout=240, env=env_for(cluster, OMP_NUM_THREADS=1))
+    assert result.returncode == 0 and log.count("DDP OK") == 2, f"{result.stdout}\n--- log:\n{log}"
+    a, b = torch.load(ref), torch.load(ours)
+    different = [k for k in a if not torch.equal(a[k], b[k])]
+    assert a.keys() == b.keys() and not different, different
