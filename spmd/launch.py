@@ -44,8 +44,12 @@ POLL = 0.05  # seconds between checks of the children
 
 
 def child_env(rank, size, *, port, master_addr="127.0.0.1", backend=None,
-              timeout=None, listen_fd=None, base=None):
-    """Return the environment of local rank ``rank`` of ``size``."""
+              timeout=None, listen_fd=None, base=None, prefixed=False):
+    """Return the environment of local rank ``rank`` of ``size``.
+
+    prefixed: the launcher prefixes each line of the child's output itself,
+    so the child must not (SPMD_TAG_OUTPUT=0).
+    """
     env = dict(os.environ if base is None else base)
     for name in STRIPPED:
         env.pop(name, None)
@@ -64,6 +68,8 @@ def child_env(rank, size, *, port, master_addr="127.0.0.1", backend=None,
         env["SPMD_TIMEOUT"] = str(int(t)) if t.is_integer() else repr(t)
     if listen_fd is not None:
         env["SPMD_LISTEN_FD"] = str(listen_fd)
+    if prefixed:
+        env["SPMD_TAG_OUTPUT"] = "0"
     return env
 
 
@@ -92,7 +98,7 @@ def launch(argv, nprocs, *, backend=None, prefix=None, timeout=None,
                 command,
                 env=child_env(rank, nprocs, port=port, master_addr=master_addr,
                               backend=backend, timeout=timeout, listen_fd=fd,
-                              base=env),
+                              base=env, prefixed=prefix),
                 pass_fds=() if fd is None else (fd,),
                 stdin=None if rank == 0 else subprocess.DEVNULL,
                 stdout=subprocess.PIPE if prefix else None,

@@ -14,6 +14,7 @@ import sys
 
 from .abort import PEER_GRACE, abort_job, report_failure  # noqa: F401 (PEER_GRACE: as before)
 from .abort import who as _who
+from .output import whole_lines
 from .settings import parse_preempt_signal
 
 __all__ = ["run_script", "abort", "report_failure"]
@@ -62,6 +63,7 @@ def run_script(argv):
 
         install(signum)
     try:
+        whole_lines(os.environ)  # before the script's first print, not at its first use of comm
         target()
     except SystemExit as exc:
         code = _exit_code(exc)

@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 
-from . import abort, backends
+from . import abort, backends, output
 from .abort import ABORT_GRACE, abort_job  # noqa: F401 (also spmd.runtime's, as before)
 from .errors import BackendError, SettingsError
 from .placement import check_mpi_vendor, check_mpi_world, detect
@@ -273,6 +273,8 @@ def init(backend=None, timeout=None, debug=None, trace=None, torch_group=None):
             os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
             # A bad setting fails here, on every rank, before any rank waits for another.
             settings = Settings.parse(os.environ, backend, timeout, debug, trace, torch_group)
+            # Each rank's lines whole (and tagged if asked), from here to its exit.
+            output.whole_lines(os.environ, settings.tag_output)
             _comm, _guards = _start(settings, os.environ)
             _register_abort(_comm, _guards)
             _comm._caches.results.configure(settings.keep_results, _comm.local_size)

@@ -30,6 +30,7 @@ __all__ = [
     "parse_keep_results",
     "parse_preempt_signal",
     "parse_torch_group",
+    "parse_tag_output",
 ]
 
 #: Every backend name spmd knows; "auto" picks one of the others at init.
@@ -64,6 +65,8 @@ class Settings:
     torch_group: Optional[bool] = None
     """Start torch.distributed's default group beside MPI on the mpi backend: torch_group=,
     else SPMD_TORCH_GROUP; None: auto (on when torch is imported at init)."""
+    tag_output: bool = False
+    """Prefix each line of stdout and stderr with '[rank] ' (SPMD_TAG_OUTPUT), like spmd run."""
 
     @classmethod
     def parse(cls, environ: Mapping[str, str], backend=None, timeout=None, debug=None,
@@ -79,6 +82,7 @@ class Settings:
             preempt_signal=parse_preempt_signal(environ),
             listen_fd=_parse_listen_fd(environ),
             torch_group=parse_torch_group(environ, torch_group),
+            tag_output=parse_tag_output(environ),
         )
 
 
@@ -93,6 +97,7 @@ VARIABLES = {
     "preempt_signal": "SPMD_PREEMPT_SIGNAL",
     "listen_fd": "SPMD_LISTEN_FD",
     "torch_group": "SPMD_TORCH_GROUP",
+    "tag_output": "SPMD_TAG_OUTPUT",
 }
 
 
@@ -140,6 +145,11 @@ def _parse_flag(environ, name, value):
         f"{name}={environ[name]!r} is not on or off: use 1, true, yes or on to turn it on, "
         "0, false, no, off or nothing to leave it off"
     )
+
+
+def parse_tag_output(environ: Mapping[str, str]) -> bool:
+    """Return whether SPMD_TAG_OUTPUT asks for '[rank] ' before each output line (off if unset)."""
+    return _parse_flag(environ, "SPMD_TAG_OUTPUT", None)
 
 
 def parse_torch_group(environ: Mapping[str, str], torch_group=None) -> Optional[bool]:

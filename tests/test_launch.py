@@ -289,8 +289,10 @@ def test_concurrent_launches_get_their_own_ports(tmp_path):
 def test_no_prefix_passes_output_through(tmp_path):
     script = write(tmp_path, """
         import os, sys
-        print("out", os.environ["SPMD_RANK"])
-        print("err", os.environ["SPMD_RANK"], file=sys.stderr)
+        # One write per line: spmd run's ranks are unbuffered, where print writes text and
+        # newline apart, and without spmd (runner=[]) nothing keeps the two ranks' lines whole.
+        sys.stdout.write(f"out {os.environ['SPMD_RANK']}\\n")
+        sys.stderr.write(f"err {os.environ['SPMD_RANK']}\\n")
     """)
     res = spmd_run(script, 2, prefix=False)
     assert res.returncode == 0

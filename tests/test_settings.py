@@ -20,6 +20,7 @@ def test_defaults():
     assert (s.backend, s.timeout, s.debug, s.trace) == ("auto", DEFAULT_TIMEOUT, False, None)
     assert (s.keep_results, s.port, s.preempt_signal, s.listen_fd) == (None, None, None, None)
     assert s.torch_group is None  # auto: on when torch is imported at init
+    assert s.tag_output is False
 
 
 def test_blank_variables_are_unset():
@@ -68,6 +69,8 @@ def test_every_field_has_its_variable():
     ({"SPMD_TORCH_GROUP": "0"}, "torch_group", False),
     ({"SPMD_TORCH_GROUP": "false"}, "torch_group", False),
     ({"SPMD_TORCH_GROUP": "off"}, "torch_group", False),
+    ({"SPMD_TAG_OUTPUT": "1"}, "tag_output", True),
+    ({"SPMD_TAG_OUTPUT": "off"}, "tag_output", False),
 ])
 def test_good_values(env, field, value):
     assert getattr(Settings.parse(env), field) == value
@@ -91,6 +94,7 @@ def test_good_values(env, field, value):
     ({"SPMD_TORCH_GROUP": "gloo"}, ["SPMD_TORCH_GROUP='gloo'", "not auto, on or off", "auto (or nothing)",
                                     "1, true, yes or on", "0, false, no or off"]),
     ({"SPMD_TORCH_GROUP": "2"}, ["SPMD_TORCH_GROUP='2'", "not auto, on or off"]),
+    ({"SPMD_TAG_OUTPUT": "rank"}, ["SPMD_TAG_OUTPUT='rank'", "1, true, yes or on", "0, false, no, off"]),
 ])
 def test_bad_values_name_variable_value_and_what_is_allowed(env, words):
     with pytest.raises(SettingsError) as caught:
