@@ -427,7 +427,9 @@ def test_immediate_forms_and_sendrecv(comm):
     assert h.wait() is out and out.tolist() == [1.0, 2.0, 3.0]
     same(comm.sendrecv(x, 0, 0, tag=9), x)
     same(comm.sendrecv(np.ones(2), dst=0, tag=9, out=np.zeros(2)), np.ones(2))
-    assert comm.recv(0, 5, async_op=True) is not None and comm.send(x, 0, 5, async_op=True).wait() is None
+    receiving = comm.recv(0, 5, async_op=True)
+    assert isinstance(receiving, Handle) and comm.send(x, 0, 5, async_op=True).wait() is None
+    same(receiving.wait(), x)  # waited for, as MPI wants of every request
 
 
 def test_objects_point_to_point(comm):

@@ -82,6 +82,7 @@ from .caches import Caches
 from .collectives import Collectives
 from .exchanges import Exchanges
 from .handle import Done, Handle
+from .incoming import header_buffer
 from .meta import Layout
 from .objects import Objects
 from .p2p import PointToPoint
@@ -121,6 +122,11 @@ class Comm(Collectives, Exchanges, PointToPoint, Objects, abc.ABC):
         self._descs = self._caches.descs  # array descriptions, kept per shape
         # Where non-root ranks receive scatter's header (read before the next call).
         self._header_buffer = np.zeros(1 + meta.WIDTH + size, dtype=np.int64)
+        # Point to point (spmd.comms.p2p): pending immediate receives, and where a blocking
+        # receive's header (and inline data) lands, one receive at a time.
+        self._incoming = []
+        self._recv_header = header_buffer(self)
+        self._recv_tail = self._recv_header.view(np.uint8)[8 : meta.WIDTH * 8]
 
     def __repr__(self):
         return f"<{type(self).__name__} rank {self.rank} of {self.size}, backend {self.backend}>"

@@ -2,7 +2,10 @@
 
 The header (the array's description) is received first; the data's
 receive is posted once it has come, into a new array of the described
-kind, dtype and shape, or into ``out``.  :class:`Incoming` is moved on by
+kind, dtype and shape, or into ``out``.  On a backend whose receives take
+messages shorter than their buffer (``_inline_bytes`` > 0: mpi), data of
+at most that many bytes comes in the header's message itself, and is
+copied out of it (:func:`land`).  :class:`Incoming` is moved on by
 whoever waits (MPI: a test makes progress); :class:`Threaded` waits for
 its header in a thread of its own (gloo: a work completes only when
 waited for).
@@ -16,11 +19,14 @@ from ..errors import CollectiveError, CollectiveTimeout
 from . import meta
 from .arrays import contiguous
 
-__all__ = ["Incoming", "Threaded", "all_done", "HEADER", "DATA", "WHERE", "VERDICT", "TAG_STRIDE"]
+__all__ = ["Incoming", "Threaded", "all_done", "land", "header_buffer", "HEADER", "DATA", "WHERE", "VERDICT",
+           "TAG_STRIDE", "HEADER_BYTES"]
 
 #: What each of the backend's tags of one user tag carries.
 HEADER, DATA, WHERE, VERDICT = 1, 2, 3, 4
 TAG_STRIDE = 8
+#: Bytes of a header row; inline data follows them in the header's message.
+HEADER_BYTES = meta.WIDTH * 8
 
 
 def _nbytes(x):
@@ -35,12 +41,36 @@ def all_done(works):
 _DONE = object()  # a data receive that is over (or had nothing to receive)
 
 
+def header_buffer(comm):
+    """A new buffer for a header's message: the row, then room for inline data."""
+    return np.empty(meta.WIDTH + -(-comm._inline_bytes // 8), np.int64)
+
+
+def land(comm, header, c, source, base, pending):
+    """The header (a header_buffer) from source has come; c is where its data goes (contiguous).
+
+    Returns _DONE when the data is already in c (none, or inline: copied
+    out of the header's message), else the data's receive: a Handle when
+    pending, else _DONE after receiving it.
+    """
+    n = _nbytes(c)
+    if not n:
+        return _DONE
+    if n <= comm._inline_bytes:
+        comm._bytes_of(c)[:] = header.view(np.uint8)[HEADER_BYTES : HEADER_BYTES + n]
+        return _DONE
+    if pending:
+        return comm._recv(c, source, base + DATA, True)
+    comm._recv(c, source, base + DATA, False)
+    return _DONE
+
+
 class Incoming:
     """One receive: its header first (posted at once), then its data (posted when the header has come)."""
 
     def __init__(self, comm, src, base, out, pending):
         self.comm, self.base, self.out = comm, base, out
-        self.header = np.empty(meta.WIDTH, np.int64)
+        self.header = header_buffer(comm)
         self.head = comm._recv(self.header, src, base + HEADER, pending)  # a Handle, or (blocking) the source
         self.data = None  # the data's receive once posted: a Handle, or _DONE
         self.source = self.result_ = self.error = self.back = self.keep = None
@@ -68,13 +98,7 @@ class Incoming:
         target, self.result_, self.error = comm._prepare(self.header, self.source, self.base, self.out)
         c, self.back = contiguous(target)
         self.keep = c
-        if not _nbytes(c):
-            self.data = _DONE
-        elif self.pending:
-            self.data = comm._recv(c, self.source, self.base + DATA, True)
-        else:
-            comm._recv(c, self.source, self.base + DATA, False)
-            self.data = _DONE
+        self.data = land(comm, self.header, c, self.source, self.base, self.pending)
 
     def test(self):
         return self.advance() and (self.data is _DONE or self.data.is_completed())

@@ -21,7 +21,8 @@ def _bytes(a):
         a = a.detach()
         if not a.is_cpu:
             a = a.cpu()
-        return a.reshape(-1).view(__import__("torch").uint8).numpy()
+        # as_strided, not reshape: torch calls a tensor with a size-1 dim of any stride contiguous
+        return a.as_strided((a.numel(),), (1,)).view(__import__("torch").uint8).numpy()
     return a.reshape(-1).view(np.uint8)
 
 
@@ -49,6 +50,6 @@ class Mailbox:
         if is_tensor(x) and not x.is_cpu:
             import torch
 
-            x.view(-1).view(torch.uint8).copy_(torch.from_numpy(data))
+            x.as_strided((x.numel(),), (1,)).view(torch.uint8).copy_(torch.from_numpy(data))
         else:
             np.copyto(_bytes(x), data)

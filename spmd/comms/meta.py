@@ -117,6 +117,8 @@ class Descriptions:
         self._sent = {}  # root's scatter headers
         self._checked = {}  # gathered rows (bytes) that passed check_rows -> lengths
         self._messages = {}  # point-to-point header rows (bytes) -> (kind, dtype, shape)
+        #: (type, dtype, shape[, device]) -> point to point's plan of a message (spmd.comms.p2p)
+        self.plans = {}
 
     def row(self, x):
         """Return (x's row, the bytes of every rank sending the same valid row, or None)."""
@@ -163,6 +165,10 @@ class Descriptions:
             hit = self._keep(self._messages, key, (kind, dtype, tuple(trail) if n is None else (n,) + tuple(trail)))
         return hit
 
+    def keep_plan(self, key, plan):
+        """Keep a point-to-point message's plan (on a miss only) and return it."""
+        return self._keep(self.plans, key, plan)
+
     def switch(self, on):
         """Turn keeping on or off (off: what was kept is let go)."""
         self.on = on
@@ -170,7 +176,7 @@ class Descriptions:
 
     def clear(self):
         """Let every kept description go."""
-        for cache in (self._rows, self._headers, self._sent, self._checked, self._messages):
+        for cache in (self._rows, self._headers, self._sent, self._checked, self._messages, self.plans):
             cache.clear()
 
     def _keep(self, cache, key, value):

@@ -343,6 +343,35 @@ if n > 1:
                "recv into an out of the wrong shape")
     comm.send(np.full(2, r), right, 4)
     same(comm.recv(left, 4), [left] * 2, "the tag still matches after a refused receive")
+# Around the size that travels inside the header's message on mpi (4000 B), into out and not,
+# numpy and torch, contiguous out or not; then an out of the right size but the wrong dtype.
+# Blocking sends past MPI's eager limit: even ranks send first, odd ones receive first.
+def exchange(x, out=None):
+    if r % 2 == 0:
+        comm.send(x, right, 7)
+        return comm.recv(left, 7, out=out)
+    got = comm.recv(left, 7, out=out)
+    comm.send(x, right, 7)
+    return got
+
+
+for count in (1, 499, 500, 501, 1025):
+    for kind in ("numpy",) if NUMPY_ONLY else ("numpy", "torch"):
+        mk = np if kind == "numpy" else torch
+        x = mk.arange(count, dtype=mk.float64) + r * 1000
+        expect = np.arange(count * 1.0) + left * 1000
+        same(exchange(x), expect, f"recv of {count * 8} B ({kind})")
+        out = mk.zeros(count, dtype=mk.float64)
+        ok(exchange(x, out) is out, f"recv into out returns out ({count * 8} B, {kind})")
+        same(out, expect, f"recv into out of {count * 8} B ({kind})")
+        strided = mk.zeros(2 * count, dtype=mk.float64)[::2]
+        exchange(x, strided)
+        same(strided, expect, f"recv into a non-contiguous out of {count * 8} B ({kind})")
+comm.send(np.arange(4, dtype=np.int64), right, 7)
+raises(lambda: comm.recv(left, 7, out=np.empty(4)), ["out is a float64 array of shape (4,)", "sent int64 of shape (4,)"],
+       "recv into an out of another dtype, the same size")
+comm.send(np.full(2, r), right, 7)
+same(comm.recv(left, 7), [left] * 2, "the tag still matches after a refused inline receive")
 # -- all_to_all, reduce_scatter, scans --------------------------------------------------
 chunks = [np.full((j + 1, 2), r * 10 + j) for j in R]
 got = comm.all_to_all(chunks)
