@@ -6,6 +6,7 @@ rank was ready (or from the start, for a rank that never starts).
 """
 
 import os
+import re
 import threading
 import time
 
@@ -122,6 +123,40 @@ def test_debug_mode_names_the_mismatch_on_the_spot(launcher):
         "rank 1: #2 all_reduce op=sum float64 (1000,) at ",
         "faults.py:",
     )
+
+
+@needs_mpirun
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_a_receive_whose_sender_never_sends_times_out_naming_the_peer_and_tag(launcher):
+    result = play(launcher, "deadlock")  # either rank may time out first
+    check(result, SLOW, "CollectiveTimeout" if launcher != "mpirun" else "### spmd: rank",
+          "timed out after 6 s waiting for its peer")
+    me = re.search(r"rank (\d)(?: of \d)?: recv from rank (\d) \(tag 3\)", result[1])
+    assert me and {me[1], me[2]} == {"0", "1"}, result[1][-3000:]
+    if launcher != "mpirun":  # where the peer waits (mpi cannot know: docs/reliability.md)
+        assert f"rank {me[2]} in #2 recv" in result[1], result[1][-3000:]
+
+
+@needs_mpirun
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_a_receive_into_the_wrong_shape_fails_on_both_ranks_in_debug_mode(launcher):
+    result = play(launcher, "p2p-shape", SPMD_DEBUG=1)
+    words = "out is a float64 array of shape (3,) but rank 0 sent float64 of shape (4,)"
+    check(result, QUICK, words, "(send at ", "faults.py:", "; recv at ")
+    assert "### spmd: rank 0 of 2" in result[1] and "### spmd: rank 1 of 2" in result[1], result[1][-3000:]
+
+
+@needs_mpirun
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_a_peer_killed_while_a_rank_waits_in_recv_ends_the_job(launcher):
+    result = play(launcher, "p2p-kill")
+    if launcher == "mpirun" and "died without" not in result[1] and "Killed (signal 9)" in result[1]:
+        check(result, QUICK)  # hydra won the race to end the job (see the collective case)
+        return
+    check(result, QUICK, "rank 1 of 2 died without reporting an error")
 
 
 @needs_mpirun

@@ -44,6 +44,20 @@ elif scenario == "shapes":
     comm.all_reduce(np.ones(3 + r))
 elif scenario == "equal":  # equal=True promises one shape; debug mode checks the promise
     comm.all_gather(np.ones(3 + r), equal=True, out=np.zeros(2 * (3 + r)))
+elif scenario == "deadlock":  # both receive first: each waits for a message the other never sends
+    got = comm.recv((r + 1) % comm.size, tag=3)
+    comm.send(x, (r + 1) % comm.size, tag=3)
+elif scenario == "p2p-shape":  # a receive into an out that does not fit what was sent
+    if r == 0:
+        comm.send(np.zeros(4), 1, tag=2)
+    elif r == 1:
+        comm.recv(0, tag=2, out=np.empty(3))
+    comm.barrier()
+elif scenario == "p2p-kill":  # rank 0 waits for a message from a rank that dies
+    if r == 1:
+        time.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGKILL)
+    comm.recv(1, tag=1)
 elif scenario != "late":
     sys.exit(f"unknown scenario {scenario}")
 print(f"DONE rank {r}", flush=True)
