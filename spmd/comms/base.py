@@ -126,6 +126,7 @@ class Comm(Collectives, Exchanges, PointToPoint, Objects, abc.ABC):
         # receive's header (and inline data) lands, one receive at a time.
         self._incoming = []
         self._recv_header = header_buffer(self)
+        self._recv_row = self._recv_header[: meta.WIDTH]
         self._recv_tail = self._recv_header.view(np.uint8)[8 : meta.WIDTH * 8]
 
     def __repr__(self):

@@ -39,7 +39,11 @@ class Mailbox:
         return bool(self._boxes.get(tag))
 
     def take(self, x, tag, user_tag):
-        """Copy the oldest message of tag into contiguous array x, or raise if there is none."""
+        """Copy the oldest message of tag into contiguous array x, or raise if there is none.
+
+        Like MPI's and gloo's receives, x may be larger than the message (a header
+        with inline data lands in a buffer with room for more); its first bytes are filled.
+        """
         box = self._boxes.get(tag)
         if not box:
             raise CollectiveError(
@@ -50,6 +54,6 @@ class Mailbox:
         if is_tensor(x) and not x.is_cpu:
             import torch
 
-            x.as_strided((x.numel(),), (1,)).view(torch.uint8).copy_(torch.from_numpy(data))
+            x.as_strided((x.numel(),), (1,)).view(torch.uint8)[: data.nbytes].copy_(torch.from_numpy(data))
         else:
-            np.copyto(_bytes(x), data)
+            _bytes(x)[: data.nbytes] = data

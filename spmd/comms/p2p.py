@@ -8,8 +8,9 @@ description (kind, dtype, shape: :func:`spmd.comms.meta.encode`), so a
 receiver needs to know nothing in advance and gets back what was sent, a
 numpy array or a torch tensor of the same dtype and shape.  An empty array
 sends its header only.  Where the backend allows (``_inline_bytes``: 4000 B
-on mpi, whose receives take a message shorter than their buffer), data up
-to that size travels in the header's own message: one message, not two.
+on mpi and gloo, whose receives take a message shorter than their buffer;
+not nccl), data up to that size travels in the header's own message: one
+message, not two.
 Tags: a user's tag ``t`` becomes the backend's tags
 ``8 t + 1`` (header), ``8 t + 2`` (data) and, in debug mode, ``8 t + 3``
 (the sender's call site) and ``8 t + 4`` (the receiver's verdict); spmd's own
@@ -28,6 +29,7 @@ the message names both call sites.
 
 import pickle
 import time
+from ctypes import memmove
 
 import numpy as np
 
@@ -126,12 +128,12 @@ class PointToPoint:
         """
         if type(x) is np.ndarray:
             key = (np.ndarray, x.dtype, x.shape)
-        elif is_tensor(x):
-            key = (type(x), x.dtype, x.shape, x.device)
-        else:  # a numpy subclass; anything else is refused here
-            key = (type(self._array(x, what)), x.dtype, x.shape)
-        plans = self._descs.plans
-        plan = plans.get(key)
+        else:  # a tensor (a numpy subclass; anything else is refused on the miss)
+            try:
+                key = (type(x), x.dtype, x.shape, x.device)
+            except AttributeError:
+                key = (type(self._array(x, what)), x.dtype, x.shape)
+        plan = self._descs.plans.get(key)
         if plan is None:
             self._array(x, what)
             if meta.dtype_code(x.dtype) < 0 or x.ndim > meta.MAX_TRAIL + 1:
@@ -155,7 +157,7 @@ class PointToPoint:
         """
         dst, tag = self._peer(dst, "dst"), self._tag(tag)
         plan = self._plan(x, "send")
-        c, _ = contiguous(x)
+        c = x if (x.flags.c_contiguous if type(x) is np.ndarray else x.is_contiguous()) else contiguous(x)[0]
         args = (c, plan, dst, tag, async_op)
         return self._call(self._send_message, args, "send", x, dst, tag, async_op, collective=False)
 
@@ -172,6 +174,8 @@ class PointToPoint:
         if inline and not pending:  # the blocking send is over before the scratch is used again
             if plan.sending is not None and type(c) is np.ndarray:
                 plan.sending[...] = c
+            elif plan.cpu_tensor:
+                memmove(plan.sending_at, c.data_ptr(), plan.nbytes)
             else:
                 plan.scratch[HEADER_BYTES:] = self._bytes_of(c)
             self._send(plan.scratch, dst, base + HEADER, False)
@@ -243,9 +247,16 @@ class PointToPoint:
                         self._recv(out, source, base + DATA, False)
                 elif plan.receiving is not None and type(out) is np.ndarray:
                     out[...] = plan.receiving
+                elif plan.cpu_tensor:
+                    memmove(out.data_ptr(), plan.receiving_at, plan.nbytes)
                 else:
                     self._bytes_of(out)[:] = self._recv_header.view(np.uint8)[HEADER_BYTES : HEADER_BYTES + plan.nbytes]
                 return out, source
+        elif out is None and not self._mon.debug:  # a new array of what was sent
+            kind, dtype, shape = self._descs.message(self._recv_row)
+            result = self._p2p_array(kind, dtype, shape)
+            land(self, header, result, source, base, False)
+            return result, source
         target, result, error = self._prepare(header, source, base, out)
         c, back = contiguous(target)
         land(self, header, c, source, base, False)
@@ -375,20 +386,27 @@ class _Plan:
     header's data in x's dtype and shape (numpy dtypes: one copy each).
     """
 
-    __slots__ = ("row", "tail", "nbytes", "inline", "scratch", "sending", "receiving")
+    __slots__ = ("row", "tail", "nbytes", "inline", "scratch", "sending", "receiving", "cpu_tensor",
+                 "sending_at", "receiving_at")
 
     def __init__(self, comm, x):
         row = self.row = comm._descs.row(x)[0]
         self.tail, self.nbytes = row.tobytes()[8:], _nbytes(x)
         self.inline = 0 < self.nbytes <= comm._inline_bytes
         self.scratch = self.sending = self.receiving = None
+        self.cpu_tensor = False  # a CPU tensor's bytes are copied by address (memmove)
+        self.sending_at = self.receiving_at = 0
         if self.inline:
             self.scratch = np.empty(HEADER_BYTES + self.nbytes, np.uint8)
             self.scratch[:HEADER_BYTES] = row.view(np.uint8)
+            received = comm._recv_header.view(np.uint8)[HEADER_BYTES : HEADER_BYTES + self.nbytes]
             if isinstance(x.dtype, np.dtype):
-                end = HEADER_BYTES + self.nbytes
                 self.sending = self.scratch[HEADER_BYTES:].view(x.dtype).reshape(x.shape)
-                self.receiving = comm._recv_header.view(np.uint8)[HEADER_BYTES:end].view(x.dtype).reshape(x.shape)
+                self.receiving = received.view(x.dtype).reshape(x.shape)
+            elif is_tensor(x) and x.is_cpu:
+                self.cpu_tensor = True
+                self.sending_at = self.scratch[HEADER_BYTES:].ctypes.data
+                self.receiving_at = received.ctypes.data
 
 
 class _Finished(Handle):
