@@ -1,11 +1,10 @@
 """Checkpoints: written atomically by the root, read by the root and broadcast to every rank."""
 
-import contextlib
 import os
-import tempfile
 
 import torch
 
+from .atomic import atomic_write
 from .errors import CheckpointError
 
 __all__ = ["atomic_save", "save_checkpoint", "load_checkpoint"]
@@ -19,44 +18,16 @@ def _comm(comm):
     return world
 
 
-def _file_mode():
-    """Return 0o666 less this process's umask, read without changing it (Linux)."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("Umask:"):
-                    return 0o666 & ~int(line.split()[1], 8)
-    except OSError:
-        pass
-    return 0o600
-
-
 def atomic_save(obj, path):
     """torch.save obj to path so that path is always either the old file or the new one.
 
     Writes a temporary file in the same directory, fsyncs it, renames
-    it over path with os.replace and fsyncs the directory.
+    it over path with os.replace and fsyncs the directory
+    (:mod:`spmd.atomic`, which also removes temporaries of dead runs).
     """
     path = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
-    try:
-        os.fchmod(fd, _file_mode())
-        with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    with contextlib.suppress(OSError):
-        dfd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+    with atomic_write(path) as f:
+        torch.save(obj, f)
     return path
 
 

@@ -293,7 +293,7 @@ def write_trace(path, per_rank):
         with open(path, "w") as f:
             json.dump(chrome_trace(per_rank), f)
         return
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
+    from .atomic import atomic_write
+
+    with atomic_write(path, text=True) as f:
         json.dump(chrome_trace(per_rank), f)
-    os.replace(tmp, path)

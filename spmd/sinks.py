@@ -5,6 +5,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .atomic import AtomicFile
 from .errors import PipelineTypeError
 
 __all__ = ["open_sink", "Collect", "NpyWriter", "Call"]
@@ -26,33 +27,32 @@ class Collect:
 
 
 class NpyWriter:
-    """Write a .npy file block by block; it appears under its name only when complete."""
+    """Write a .npy file block by block; it appears under its name only when complete (spmd.atomic)."""
 
     def __init__(self, path, rows):
         self.path, self.rows = Path(path), rows
-        self.tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        self.file = None
+        self.out = None
 
     def __call__(self, start, block):
-        if self.file is None:
-            self.file = open(self.tmp, "wb")
+        if self.out is None:
+            self.out = AtomicFile(self.path)
             header = {
                 "descr": np.lib.format.dtype_to_descr(block.dtype),
                 "fortran_order": False,
                 "shape": (self.rows,) + block.shape[1:],
             }
-            np.lib.format.write_array_header_2_0(self.file, header)
-        self.file.write(np.ascontiguousarray(block).data)
+            np.lib.format.write_array_header_2_0(self.out.file, header)
+        self.out.file.write(np.ascontiguousarray(block).data)
 
     def close(self, ok, empty):
-        if ok and self.file is None:
+        if ok and self.out is None:
             self(0, empty)
-        if self.file is not None:
-            self.file.close()
+        if self.out is None:
+            return None
         if ok:
-            os.replace(self.tmp, self.path)
+            self.out.commit()
             return self.path
-        self.tmp.unlink(missing_ok=True)
+        self.out.discard()
         return None
 
 

@@ -208,7 +208,7 @@ def test_errors_are_pipeline_errors_with_the_reason(table, tmp_path):
     assert on_root(lambda: 42, share=True) == 42
     with pytest.raises(ValueError, match="unknown task 'nope'; expected one of copy, mlp, standardize"):
         tasks.get("nope")
-    assert not list(tmp_path.glob(".*.tmp"))
+    assert not list(tmp_path.glob(".*spmd-tmp*"))
 
 
 @pytest.mark.unit

@@ -20,6 +20,8 @@ import time
 
 import numpy as np
 
+from ..atomic import atomic_write
+
 __all__ = ["measure", "table", "main"]
 
 BIG = 16 << 20  # bytes per rank for the results pool's cases
@@ -120,7 +122,7 @@ def main(argv=None):
     if comm.rank == 0:
         print(table(rows, comm.backend, comm.size))
         if args.json:
-            with open(args.json, "w") as f:
+            with atomic_write(args.json, text=True) as f:
                 json.dump({"backend": comm.backend, "size": comm.size, "rows": rows}, f, indent=1)
 
 

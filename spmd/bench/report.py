@@ -9,6 +9,7 @@ import time
 
 import numpy as np
 
+from ..atomic import atomic_path, atomic_write
 from ..errors import BenchError
 from .cases import ALL, COLLECTIVES
 from .measure import format_size
@@ -251,8 +252,8 @@ def document(rows, info, startup=None):
 
 
 def write_json(path, doc):
-    """Write doc to path as indented JSON."""
-    with open(path, "w") as f:
+    """Write doc to path as indented JSON, atomically (spmd.atomic)."""
+    with atomic_write(path, text=True) as f:
         json.dump(doc, f, indent=1)
         f.write("\n")
 
@@ -308,10 +309,11 @@ def plot(rows, path, title=None):
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
-    from PIL import Image  # matplotlib depends on Pillow
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=80)
+        plt.close(fig)
+        from PIL import Image  # matplotlib depends on Pillow
 
-    with Image.open(path) as image:  # a 64-colour palette: a third of the bytes
-        small = image.convert("RGB").quantize(64)
-    small.save(path, optimize=True)
+        with Image.open(tmp) as image:  # a 64-colour palette: a third of the bytes
+            small = image.convert("RGB").quantize(64)
+        small.save(tmp, format="PNG", optimize=True)

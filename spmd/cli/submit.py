@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from ..atomic import atomic_write
 from ..submit import profiles
 from ..submit import sbatch as slurm
 from ..submit.batch import render
@@ -154,7 +155,7 @@ def _output_dirs(options):
 
 def _submit(options, text, path, preflight, wait, tail_lines):
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "x") as f:
+    with atomic_write(path, text=True, exclusive=True) as f:  # never a half batch file, never over one
         f.write(text)
     _output_dirs(options)
     if preflight and slurm.have_sbatch():

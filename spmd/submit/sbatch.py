@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping
 
+from ..atomic import atomic_write
 from .options import SubmitError
 
 __all__ = ["sbatch_variables", "test_only", "parse_job_id", "submit", "write_record",
@@ -103,7 +104,8 @@ def write_record(batch_path, command, job_id, cluster=None, submit_argv=None) ->
         "cwd": os.getcwd(),
     }
     out = batch_path.with_suffix(".json")
-    out.write_text(json.dumps(record, indent=2) + "\n")
+    with atomic_write(out, text=True) as f:
+        f.write(json.dumps(record, indent=2) + "\n")
     return out
 
 
