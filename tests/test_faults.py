@@ -28,9 +28,9 @@ LAUNCHERS = {
 }
 
 
-def play(launcher, scenario, size=2, **env):
-    """Run one scenario; return (exit code, output, seconds from ready to exit)."""
-    cmd = LAUNCHERS[launcher](size) + [FAULTS, scenario]
+def play(launcher, scenario, size=2, script=FAULTS, **env):
+    """Run one scenario (of faults.py, or of a copy of it at script); return (exit code, output, seconds from ready to exit)."""
+    cmd = LAUNCHERS[launcher](size) + [script, scenario]
     proc = start(cmd, clean_env(SPMD_TIMEOUT=TIMEOUT, **env))
     began, ready, lines = time.monotonic(), [None], []
 
@@ -143,9 +143,17 @@ def test_a_receive_whose_sender_never_sends_times_out_naming_the_peer_and_tag(la
 @pytest.mark.parametrize("launcher", LAUNCHERS)
 def test_a_receive_into_the_wrong_shape_fails_on_both_ranks_in_debug_mode(launcher):
     result = play(launcher, "p2p-shape", SPMD_DEBUG=1)
-    words = "out is a float64 array of shape (3,) but rank 0 sent float64 of shape (4,)"
+    words = "out is a float64 array of shape (3,) but rank 0 sent float64 of shape (20000,)"
     check(result, QUICK, words, "(send at ", "faults.py:", "; recv at ")
     assert "### spmd: rank 0 of 2" in result[1] and "### spmd: rank 1 of 2" in result[1], result[1][-3000:]
+
+
+@needs_mpirun
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("launcher", ["mpirun", "spmd-run"])
+def test_rings_of_sends_do_not_deadlock_in_debug_mode(launcher):
+    code, out, _ = play(launcher, "debug-ring", SPMD_DEBUG=1)
+    assert code == 0 and out.count("RING OK rank") == 2, out[-3000:]
 
 
 @needs_mpirun
@@ -157,6 +165,30 @@ def test_a_peer_killed_while_a_rank_waits_in_recv_ends_the_job(launcher):
         check(result, QUICK)  # hydra won the race to end the job (see the collective case)
         return
     check(result, QUICK, "rank 1 of 2 died without reporting an error")
+
+
+@needs_mpirun
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("launcher", ["mpirun", "spmd-run"])
+def test_an_async_calls_wait_whose_peer_never_comes_times_out_naming_the_call(launcher):
+    # wait() was outside every timeout: the mpi watcher did not see it, and on
+    # gloo torch's own RuntimeError came out of it unconverted.
+    result = play(launcher, "async-stall")
+    words = "all_reduce (call #2) timed out after 6 s in wait() of its async handle, waiting for the other ranks"
+    check(result, SLOW, words, "### spmd: rank 0 of 2" if launcher == "mpirun" else "CollectiveTimeout: rank 0: ")
+
+
+@needs_mpirun
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("launcher", ["mpirun", "spmd-run"])
+def test_a_debug_mismatch_in_a_script_whose_path_says_timeout_is_reported_as_the_mismatch(launcher, tmp_path):
+    # The word in the path once turned the CollectiveError into "broadcast (call #2) timed out".
+    script = tmp_path / "timeout_case" / "faults.py"
+    script.parent.mkdir()
+    script.write_text(FAULTS.read_text())
+    result = play(launcher, "mismatch", script=script, SPMD_DEBUG=1)
+    check(result, QUICK, "CollectiveError: collective mismatch at call #2", "timeout_case/faults.py:")
+    assert "timed out" not in result[1] and "CollectiveTimeout" not in result[1], result[1][-3000:]
 
 
 @needs_mpirun

@@ -30,6 +30,16 @@ def test_mpich_mpirun(size, backend):
     assert_world(result, size, backend=backend, launcher="mpich")
 
 
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("backend", ["mpi", "gloo"])
+def test_the_world_check_passes_in_debug_mode(backend):
+    # Debug mode's cross-rank checks and point-to-point verdicts must not
+    # change any result, nor deadlock the rings of sends the check makes.
+    env = clean_env(SPMD_BACKEND=backend, SPMD_DEBUG="1")
+    result = run([MPIRUN, "-n", 3, PY, "-m", "spmd", CHECK], 140, env)
+    assert_world(result, 3, backend=backend, launcher="mpich")
+
+
 @pytest.mark.timeout(120)
 def test_mpirun_auto_picks_mpi_and_numpy_only_scripts_skip_torch():
     # Without torch tensors the script never imports torch; auto chooses mpi.

@@ -31,7 +31,8 @@ __all__ = [
 
 SCHEMA = "spmd-bench/1"
 #: (spmd implementation, the raw one it wraps)
-PAIRS = (("spmd-mpi", "mpi4py"), ("spmd-gloo", "gloo"), ("spmd-mpi+equal", "mpi4py"), ("spmd-gloo+equal", "gloo"))
+PAIRS = (("spmd-mpi", "mpi4py"), ("spmd-gloo", "gloo"), ("spmd-mpi+equal", "mpi4py"), ("spmd-gloo+equal", "gloo"),
+         ("spmd-mpi", "mpi4py+pickle"))
 #: Size bands of the summary: (name, lowest bytes, highest bytes exclusive).
 BANDS = (("< 1 KiB", 0, 1 << 10), ("1 KiB - 1 MiB", 1 << 10, 1 << 20), (">= 1 MiB", 1 << 20, math.inf))
 
@@ -262,6 +263,7 @@ _STYLE = {
     "spmd-mpi": ("tab:blue", "-", "o"),
     "mpi4py": ("tab:blue", "--", "x"),
     "mpi4py-torchbuf": ("tab:green", ":", "^"),
+    "mpi4py+pickle": ("tab:cyan", "--", "v"),
     "spmd-gloo": ("tab:orange", "-", "o"),
     "gloo": ("tab:orange", "--", "x"),
     "spmd-mpi+equal": ("tab:purple", "-", "s"),

@@ -19,6 +19,7 @@ import torch.distributed as dist
 from torch.distributed.distributed_c10d import AllgatherOptions
 
 from .handle import after
+from .incoming import INLINE_BYTES
 from .torch_arrays import OPS, as_kind, tensor
 from .torchdist import TorchComm
 
@@ -62,7 +63,7 @@ class GlooComm(TorchComm):
 
     #: gloo receives a message shorter than its buffer (nccl does not), so point-to-point data
     #: up to this size travels inside its header's message (spmd.comms.p2p): one message, not two.
-    _inline_bytes = 4096 - 96
+    _inline_bytes = INLINE_BYTES
 
     def __init__(self, backend, placement, device="cpu", group=None, ranks=None, timeout=None,
                  monitor=None, store=None, caches=None):

@@ -10,6 +10,7 @@ from mpi4py import MPI
 
 from .arrays import contiguous as _contiguous
 from .handle import Handle
+from .incoming import INLINE_BYTES
 from .mpi_buffers import displs as _displs
 from .mpi_buffers import kept as _kept
 from .mpi_buffers import raw as _raw
@@ -23,9 +24,7 @@ class MpiMessages:
 
     #: An MPI receive takes a message shorter than its buffer, so point-to-point data up to this
     #: size travels inside its header's message (spmd.comms.p2p): one message instead of two.
-    #: With the header, at most 4 KiB: under every common MPI's eager limit (MPICH's shared
-    #: memory about 8100 B, Open MPI's 4 KiB), so a blocking send that is eager in raw MPI stays so.
-    _inline_bytes = 4096 - 96
+    _inline_bytes = INLINE_BYTES
 
     def _bytes_of(self, c):
         return np.frombuffer(_raw(c), np.uint8)

@@ -7,7 +7,7 @@ A message is a header, then the data.  The header is the array's
 description (kind, dtype, shape: :func:`spmd.comms.meta.encode`), so a
 receiver needs to know nothing in advance and gets back what was sent, a
 numpy array or a torch tensor of the same dtype and shape.  An empty array
-sends its header only.  Where the backend allows (``_inline_bytes``: 4000 B
+sends its header only.  Where the backend allows (``_inline_bytes``: 3904 B
 on mpi and gloo, whose receives take a message shorter than their buffer;
 not nccl), data up to that size travels in the header's own message: one
 message, not two.
@@ -23,8 +23,10 @@ Buffers: after ``send`` returns, ``x`` may be changed.  After ``isend`` or
 A receive whose ``out`` does not match what was sent (dtype or shape)
 raises :class:`~spmd.errors.CollectiveError` on the receiver, naming both;
 the data is drained, so later messages still match.  With ``SPMD_DEBUG=1``
-the sender waits for the receiver's verdict, so both ranks raise it, and
-the message names both call sites.
+the message names both call sites, and the sender of a blocking send of
+over 64 KiB (one that waits for its receive in raw MPI too) waits for the
+receiver's verdict, so both ranks raise it; smaller and immediate sends
+never wait for it (a ring of them must not deadlock in debug mode).
 """
 
 import pickle
@@ -67,6 +69,11 @@ class Received(Handle):
 
 def _nbytes(x):
     return x.nbytes if isinstance(x, np.ndarray) else x.numel() * x.element_size()
+
+
+#: In debug mode, a blocking send of more bytes than this waits for the receiver's verdict
+#: (above every eager limit: such a send waits for its receive in raw MPI too).
+VERDICT_AFTER = 64 << 10
 
 
 class PointToPoint:
@@ -194,16 +201,29 @@ class PointToPoint:
         return handle if async_op else handle.wait()
 
     def _send_checked(self, c, header, dst, base, async_op, n, inline):
-        """Debug mode: send the header and the call site, and send the data only if the receiver agrees
-        (inline data has gone with the header; the receiver drops it on a mismatch)."""
+        """Debug mode: send the header (inline data included) and the call site, then the data.
+
+        A blocking send of more than VERDICT_AFTER bytes, which waits for the
+        receiver in any MPI, first waits for the receiver's verdict and sends
+        its data only if the receiver agrees: both ranks then raise a
+        mismatch.  Any other send (inline, eager-sized or immediate) goes on
+        without it, so debug mode never adds a wait that could deadlock a ring
+        of sends; the receiver raises the mismatch, naming both call sites,
+        and drains the data.
+        """
         from ..monitor import caller
 
+        waits = not async_op and n > VERDICT_AFTER
         self._send(self._packed(header, c, n) if inline else header, dst, base + HEADER, False)
-        self._send_bytes(caller(), dst, base + WHERE)
-        verdict = self._recv_bytes(dst, base + VERDICT)
-        if verdict:
-            raise CollectiveError(verdict)
+        self._send_bytes(("1" if waits else "0") + caller(), dst, base + WHERE)
+        if waits:
+            verdict = self._recv_bytes(dst, base + VERDICT)
+            if verdict:
+                raise CollectiveError(verdict)
         if n and not inline:
+            if async_op:
+                work = self._send(c, dst, base + DATA, True)
+                return Handle(lambda: self._progressing([work]), lambda: all_done([work]), lambda: (c, None)[1])
             self._send(c, dst, base + DATA, False)
         return _Finished(None) if async_op else None
 
@@ -317,11 +337,13 @@ class PointToPoint:
             from ..monitor import caller
 
             where = self._recv_bytes(source, base + WHERE)
+            waits, where = where[:1] == "1", where[1:]
             if error:
                 error += f" (send at {where}; recv at {caller()})"
-            self._send_bytes(error or "", source, base + VERDICT)
-            if error:
-                raise CollectiveError(error)
+            if waits:  # the sender waits for this verdict, and sends no data on a mismatch
+                self._send_bytes(error or "", source, base + VERDICT)
+                if error:
+                    raise CollectiveError(error)
         if error:  # the data is drained into a sink, so the next message with this tag matches
             return self._p2p_array("numpy", dtype, shape), None, error
         result = self._p2p_array(kind, dtype, shape) if out is None else out
@@ -359,6 +381,11 @@ class PointToPoint:
         Deadlock-free when every rank calls it at once (rings, halo
         exchanges): the send is started before the receive.
         """
+        if self._plan(x, "sendrecv").inline and not self._mon.debug:
+            # One message of at most 4000 B: eager on every MPI measured, and gloo's small
+            # blocking sends return at once (torch_p2p's EAGER), so a blocking send first is safe.
+            self.send(x, dst, tag)
+            return self.recv(src, tag, out=out)
         sending = self.isend(x, dst, tag)
         got = self.recv(src, tag, out=out)
         sending.wait()

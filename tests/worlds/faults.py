@@ -40,6 +40,12 @@ elif scenario == "stall":  # rank 1 never comes: rank 0 waits in all_gather's de
         comm.all_gather(x)
     else:
         time.sleep(60)
+elif scenario == "async-stall":  # rank 1 never comes: rank 0 waits in its async all_reduce's wait()
+    if r == 0:
+        handle = comm.all_reduce(x, async_op=True)
+        handle.wait()
+    else:
+        time.sleep(60)
 elif scenario == "shapes":
     comm.all_reduce(np.ones(3 + r))
 elif scenario == "equal":  # equal=True promises one shape; debug mode checks the promise
@@ -48,11 +54,18 @@ elif scenario == "deadlock":  # both receive first: each waits for a message the
     got = comm.recv((r + 1) % comm.size, tag=3)
     comm.send(x, (r + 1) % comm.size, tag=3)
 elif scenario == "p2p-shape":  # a receive into an out that does not fit what was sent
-    if r == 0:
-        comm.send(np.zeros(4), 1, tag=2)
+    if r == 0:  # 160 KB: the blocking send waits for the receive, so it hears the verdict (debug mode)
+        comm.send(np.zeros(20000), 1, tag=2)
     elif r == 1:
         comm.recv(0, tag=2, out=np.empty(3))
     comm.barrier()
+elif scenario == "debug-ring":  # rings of immediate and small blocking sends in debug mode
+    right, left = (r + 1) % comm.size, (r - 1) % comm.size
+    assert comm.sendrecv(np.full(3, r), right, left)[0] == left
+    assert comm.sendrecv(np.full(100000, r), right, left)[0] == left
+    comm.send(np.full(5, r), right, tag=4)
+    assert comm.recv(left, tag=4)[0] == left
+    print(f"RING OK rank {r}", flush=True)
 elif scenario == "p2p-kill":  # rank 0 waits for a message from a rank that dies
     if r == 1:
         time.sleep(0.5)
