@@ -14,6 +14,8 @@ against the builtins keeps working.
     +-- RendezvousError                 the ranks could not meet
     +-- CollectiveError (ValueError)    a collective's arguments cannot work
     +-- CollectiveTimeout (TimeoutError) a collective waited past the timeout
+    +-- CommunicationError              the backend failed a call for another reason (its error chained)
+    |   +-- PeerLostError (ConnectionError) a peer died or closed its connection
     +-- PipelineError                   spmd.pipeline failed (same message on every rank)
     |   +-- PipelineValueError (ValueError) a value given to or returned in a pipeline cannot work
     |   +-- PipelineTypeError (TypeError)   an object given to or returned in a pipeline has the wrong type
@@ -37,6 +39,8 @@ __all__ = [
     "RendezvousError",
     "CollectiveError",
     "CollectiveTimeout",
+    "CommunicationError",
+    "PeerLostError",
     "PipelineError",
     "PipelineValueError",
     "PipelineTypeError",
@@ -84,6 +88,18 @@ class CollectiveError(SpmdError, ValueError):
 
 class CollectiveTimeout(SpmdError, TimeoutError):
     """A collective waited longer than the timeout for the other ranks."""
+
+
+class CommunicationError(SpmdError):
+    """The backend failed a call for a reason other than its arguments or a timeout.
+
+    The backend's own error is chained (``__cause__``); the message names
+    the call and starts the backend's text.
+    """
+
+
+class PeerLostError(CommunicationError, ConnectionError):
+    """A call failed because a peer died or closed its connection (often another rank's failure)."""
 
 
 class PipelineError(SpmdError):
@@ -140,5 +156,7 @@ PEER_LOST = ("closed by peer", "reset by peer", "Broken pipe", "Connection refus
 
 def is_peer_lost(exc):
     """Tell whether exc reads like a peer that died or hung up, not like this rank's own fault."""
+    if isinstance(exc, PeerLostError):
+        return True
     text = str(exc)
     return any(words in text for words in PEER_LOST)

@@ -15,7 +15,7 @@ import os
 import sys
 import time
 
-from .errors import CollectiveError, CollectiveTimeout
+from .errors import CollectiveError, CollectiveTimeout, CommunicationError, PeerLostError
 
 __all__ = ["Monitor", "fingerprint_mismatch", "summarize", "chrome_trace", "BUS_FACTORS"]
 
@@ -113,9 +113,13 @@ def fingerprint_mismatch(fps):
 class Monitor:
     """Per-communicator bookkeeping of collectives; cheap unless debug or trace."""
 
+    #: How a report says that a call failed in its async handle's wait() (the mpi watcher's too).
+    IN_WAIT = "in wait() of its async handle"
+
     def __init__(self, debug=False, trace=None, nvtx=False):
         self.seq = 0
-        self.busy = 0  # sequence number of the blocking collective in progress, else 0
+        self.busy = 0  # number of the call this rank blocks in (or in whose async wait()), else 0
+        self.waiting = None  # fingerprint of the async call whose handle's wait() this rank blocks in
         self.pending = None  # fingerprint of the call whose descriptions are being exchanged
         self.ring = collections.deque(maxlen=8)
         self.debug = debug
@@ -224,17 +228,34 @@ class Monitor:
 
         result._finish = timed
 
-    def timeout_error(self, comm, fp, exc, peers=None):
-        """Turn a backend's timeout into a CollectiveTimeout naming the call."""
+    def timeout_error(self, comm, fp, exc, peers=None, waiting=False):
+        """Turn a backend's timeout in call fp (waiting: in its handle's wait()) into a CollectiveTimeout."""
         message = (
             f"rank {comm.rank}: {call_name(fp)} (call #{fp[0]}) timed out after {comm.timeout:g} s "
-            f"waiting for {'its peer' if fp[1] in P2P else 'the other ranks'} "
-            f"({comm.backend}: {str(exc).splitlines()[0][:200]})"
+            f"{self.IN_WAIT + ', ' if waiting else ''}waiting for {'its peer' if fp[1] in P2P else 'the other ranks'} "
+            f"({comm.backend}: {first_line(exc)})"
         )
         if peers:
             message += f". {peers}"
         message += f". Last collectives on this rank: {self.recent()}"
         return CollectiveTimeout(message)
+
+    def failure(self, comm, fp, exc, lost, waiting=False):
+        """Turn a backend's other error in call fp into a PeerLostError (lost) or a CommunicationError."""
+        message = (
+            f"rank {comm.rank}: {call_name(fp)} (call #{fp[0]}) failed{' ' + self.IN_WAIT if waiting else ''} "
+            f"({comm.backend}: {first_line(exc)})"
+        )
+        if lost:
+            message += ": a peer died or closed its connection (see the other ranks' errors)"
+        message += f". Last collectives on this rank: {self.recent()}"
+        return (PeerLostError if lost else CommunicationError)(message)
+
+
+def first_line(exc):
+    """The first line of a backend's error, at most 200 characters: what a report quotes."""
+    text = str(exc)
+    return (text.splitlines()[0] if text else type(exc).__name__)[:200]
 
 
 def summarize(events, size):

@@ -344,7 +344,12 @@ def _peer(conn):
 
 
 class MpiTimeout:
-    """Abort the job when an MPI collective has waited past the timeout."""
+    """Abort the job when an MPI call, or the wait() of an async one, has waited past the timeout.
+
+    A monitor's ``busy`` is the number of the call its rank blocks in (set
+    by ``Comm._call``, and by a handle's ``wait()``, which also sets
+    ``waiting``); the same number seen for longer than the timeout ends the job.
+    """
 
     def __init__(self, comm, monitors):
         # Not the communicator itself: this thread must never hold the last
@@ -364,7 +369,7 @@ class MpiTimeout:
         while not self._stop.wait(period):
             now = time.monotonic()
             for mon in list(self._monitors):
-                busy = mon.busy
+                busy, waiting = mon.busy, mon.waiting
                 if not busy:
                     since.pop(id(mon), None)
                     continue
@@ -372,14 +377,16 @@ class MpiTimeout:
                 if first is None or first[0] != busy:
                     since[id(mon)] = (busy, now)
                 elif now - first[1] > timeout:
-                    fp = mon.find(busy)
+                    in_wait = waiting is not None and waiting[0] == busy
+                    fp = waiting if in_wait else mon.find(busy)  # an async call may be out of the ring
                     name = mon.name_of(fp) if fp else "a collective"
-                    self._expire(mon, busy, name)
+                    self._expire(mon, busy, name, in_wait)
 
-    def _expire(self, mon, seq, name):
+    def _expire(self, mon, seq, name, in_wait=False):
         sys.stderr.write(
             f"### spmd: rank {self.rank} of {self.size}: {name} (call #{seq}) timed "
-            f"out after {self.timeout:g} s waiting for {'its peer' if name.startswith(('send ', 'recv ')) else 'the other ranks'} "
+            f"out after {self.timeout:g} s {mon.IN_WAIT + ', ' if in_wait else ''}waiting for "
+            f"{'its peer' if name.startswith(('send ', 'recv ')) else 'the other ranks'} "
             f"(mpi backend; where the others wait cannot be known). Last calls on this rank: {mon.recent()}. "
             "Ending the job.\n"
         )

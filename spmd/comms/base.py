@@ -19,11 +19,16 @@ one.  A call goes through three steps:
 
 Either way the hook runs through :meth:`Comm._call`, the one place that
 numbers the call, keeps its fingerprint, runs debug mode's cross-rank
-check and the trace, and turns a backend's timeout into
-:class:`~spmd.errors.CollectiveTimeout`.  Scatter and the gathers first
-exchange array descriptions (``_allgather_ints``, ``_broadcast_ints``)
-through :meth:`Comm._describing`, which the timeout sees as part of the
-call.
+check and the trace, and turns a backend's errors into spmd's: its own
+timeout into :class:`~spmd.errors.CollectiveTimeout`, a lost peer into
+:class:`~spmd.errors.PeerLostError`, anything else into
+:class:`~spmd.errors.CommunicationError` (the backend's error chained);
+an :class:`~spmd.errors.SpmdError` raised inside goes on as it is.  The
+handle of an async call is the call's: its ``wait()`` is bounded by the
+timeout (the mpi watcher counts it) and converted the same way.  Scatter
+and the gathers first exchange array descriptions (``_allgather_ints``,
+``_broadcast_ints``) through :meth:`Comm._describing`, which the timeout
+sees as part of the call.
 
 The general hooks' convention (what is true when a hook is called):
 
@@ -63,7 +68,8 @@ placement, device, timeout, monitor)``, and implement every method
 marked abstract below.  Optionally override the direct hooks (fast
 paths), ``_check_device`` (where arrays must live), ``_mover``
 (coalesced all_reduce), ``_close`` (release at finalize) and
-``_note_stuck``/``_peers_report`` (timeout reports).  Then teach
+``_note_stuck``/``_peers_report`` (timeout reports) and ``_is_timeout``
+(which of the backend's errors are its own timeout).  Then teach
 ``spmd.runtime`` to start it, add its name to ``spmd.backends.BACKENDS``,
 and add it to the conformance suite (``tests/test_conformance.py``) if
 it can run in one process.  :mod:`spmd.comms.serial` is the smallest
@@ -74,7 +80,7 @@ import abc
 
 import numpy as np
 
-from ..errors import CollectiveError, is_peer_lost
+from ..errors import CollectiveError, SpmdError, is_peer_lost
 from ..monitor import Monitor
 from . import meta
 from .arrays import check_array, dtype_name
@@ -280,6 +286,10 @@ class Comm(Collectives, Exchanges, PointToPoint, Objects, abc.ABC):
         """Say where the other ranks were when collective fp timed out, if knowable."""
         return None
 
+    def _is_timeout(self, exc):
+        """Tell whether exc, a RuntimeError from this backend, is the backend's own timeout (none here)."""
+        return False
+
     # -- every collective goes through here ---------------------------------------
 
     def _call(self, hook, args, name, x=None, root=None, op=None, async_op=False, collective=True):
@@ -288,21 +298,26 @@ class Comm(Collectives, Exchanges, PointToPoint, Objects, abc.ABC):
         The one bookkeeping path of every call, direct or general,
         collective or point to point: the sequence number and fingerprint
         (for timeout reports), debug mode's cross-rank check (collectives
-        only) and the trace when on, and a backend's timeout turned into
-        CollectiveTimeout.  For point to point, root is the peer and op
-        the tag.
+        only) and the trace when on, and a backend's errors turned into
+        spmd's (:meth:`_converted`; an SpmdError raised inside goes on as
+        it is).  The Handle of an async call becomes the call's: its wait()
+        is bounded and converted the same way (:meth:`_waiting`).  For
+        point to point, root is the peer and op the tag.
         """
         mon = self._mon
         fp = mon.note(name, x, root, op)
         mon.busy = fp[0]
         try:
-            if mon.active:
-                return mon.run(self, fp, hook, args, x, async_op, collective)
-            return hook(*args)
+            result = mon.run(self, fp, hook, args, x, async_op, collective) if mon.active else hook(*args)
+        except SpmdError:
+            raise
         except RuntimeError as exc:
-            self._raise_timeout(exc, fp)
+            raise self._converted(exc, fp) from exc
         finally:
             mon.busy = 0
+        if async_op and not result._done:
+            result._owner, result._fp = self, fp
+        return result
 
     def _describing(self, name, x, root, fn, *args):
         """Run fn(*args), the description exchange that opens collective name, as part of it.
@@ -316,19 +331,50 @@ class Comm(Collectives, Exchanges, PointToPoint, Objects, abc.ABC):
         mon.busy = fp[0]
         try:
             return fn(*args)
+        except SpmdError:
+            raise
         except RuntimeError as exc:
-            self._raise_timeout(exc, fp)
+            raise self._converted(exc, fp) from exc
         finally:
             mon.busy, mon.pending = 0, None
 
-    def _raise_timeout(self, exc, fp):
-        """Re-raise a backend's RuntimeError, as a CollectiveTimeout when it says it timed out."""
-        text = str(exc).lower()
-        if "timed out" in text or "timeout" in text:
-            raise self._mon.timeout_error(self, fp, exc, self._peers_report(fp)) from None
-        if is_peer_lost(exc):  # a peer that timed out may be waiting to hear where this rank was
+    def _waiting(self, fn, fp, block=True):
+        """Run fn(), the wait (block) or test of async call fp's handle, as part of that call.
+
+        A wait is what the mpi watcher counts (busy is the call's number,
+        and waiting its fingerprint, so the report names the call and says
+        it was in wait()); either way a backend's error is converted as in
+        the call itself.
+        """
+        mon = self._mon
+        if block:
+            before = mon.busy, mon.waiting
+            mon.waiting, mon.busy = fp, fp[0]
+        try:
+            return fn()
+        except SpmdError:
+            raise
+        except RuntimeError as exc:
+            raise self._converted(exc, fp, waiting=True) from exc
+        finally:
+            if block:
+                mon.busy, mon.waiting = before
+
+    def _converted(self, exc, fp, waiting=False):
+        """Return the spmd error that a backend's RuntimeError exc in call fp stands for.
+
+        A CollectiveTimeout when the backend says it is its own timeout
+        (:meth:`_is_timeout`, by what the error is, never by a word in it),
+        a PeerLostError when a peer died or hung up, else a
+        CommunicationError; each names the call and quotes exc, which the
+        caller chains.
+        """
+        if self._is_timeout(exc):
+            return self._mon.timeout_error(self, fp, exc, self._peers_report(fp), waiting)
+        lost = is_peer_lost(exc)
+        if lost:  # a peer that timed out may be waiting to hear where this rank was
             self._note_stuck(fp, "(a peer closed its connection)")
-        raise exc
+        return self._mon.failure(self, fp, exc, lost, waiting)
 
     # -- checks --------------------------------------------------------------
 

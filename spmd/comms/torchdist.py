@@ -7,6 +7,7 @@ The gloo and nccl backends refine it: :mod:`spmd.comms.gloo`,
 :mod:`spmd.comms.nccl`.
 """
 
+import re
 import weakref
 from datetime import timedelta
 
@@ -20,7 +21,25 @@ from .handle import Done, Handle
 from .torch_arrays import OPS, all_gather_single, as_kind, tensor, wire
 from .torch_p2p import TorchMessages
 
-__all__ = ["TorchComm"]
+__all__ = ["TorchComm", "is_timeout"]
+
+#: How torch's backends and store word their own timeouts (torch 2.13): gloo's transport,
+#: '[.../gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 6000ms for recv operation
+#: to complete', and, at the next call on a pair that a timeout closed, 'Application timeout
+#: caused pair closure' (both plain RuntimeErrors); nccl's watchdog, '[Rank 0] Watchdog caught
+#: collective operation timeout: WorkNCCL(...)'; the store (DistStoreError), 'wait timeout
+#: after 6000ms, keys: ...'.  Each at the start of the message, after gloo's '[file:line] '.
+_TIMEOUT = re.compile(
+    r"(?:\[[^\]\n]*\] )?(?:Timed out waiting \d+ms for (?:recv|send) operation"
+    r"|Application timeout caused pair closure|Watchdog caught collective operation timeout"
+    r"|wait timeout after \d+ms|barrier timeout after \d+ms|Socket Timeout|Wait timeout)"
+)
+
+
+def is_timeout(exc):
+    """Tell whether exc, raised by torch.distributed, is its backend's or store's own timeout."""
+    return (type(exc) is RuntimeError or isinstance(exc, dist.DistError)) and _TIMEOUT.match(str(exc)) is not None
+
 
 def _new(kind, dtype, shape, device):
     if kind == "numpy":
@@ -52,6 +71,9 @@ class TorchComm(TorchMessages, Comm):
 
     def _peers_report(self, fp):
         return stuck.report(self._store, self._ranks, self.rank, self.size, fp, self.timeout)
+
+    def _is_timeout(self, exc):
+        return is_timeout(exc)
 
     def _close(self):
         if self._ranks is not None:
