@@ -19,8 +19,9 @@ import torch.distributed as dist
 from torch.distributed.distributed_c10d import AllgatherOptions
 
 from .handle import after
-from .incoming import INLINE_BYTES
+from .incoming import HEADER_BYTES
 from .torch_arrays import OPS, as_kind, tensor
+from .torch_p2p import EAGER
 from .torchdist import TorchComm
 
 __all__ = ["GlooComm", "P2P_TAG"]
@@ -62,8 +63,10 @@ class GlooComm(TorchComm):
     """A communicator backed by a gloo process group."""
 
     #: gloo receives a message shorter than its buffer (nccl does not), so point-to-point data
-    #: up to this size travels inside its header's message (spmd.comms.p2p): one message, not two.
-    _inline_bytes = INLINE_BYTES
+    #: up to this size travels inside its header's message (spmd.comms.p2p): one message, not
+    #: two.  Up to torch_p2p's EAGER (64 KiB, header included), the size below which blocking
+    #: sends return at once: each further gloo message cost about 450 us here.
+    _inline_bytes = EAGER - HEADER_BYTES
 
     def __init__(self, backend, placement, device="cpu", group=None, ranks=None, timeout=None,
                  monitor=None, store=None, caches=None):

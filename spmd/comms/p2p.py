@@ -8,9 +8,9 @@ description (kind, dtype, shape: :func:`spmd.comms.meta.encode`), so a
 receiver needs to know nothing in advance and gets back what was sent, a
 numpy array or a torch tensor of the same dtype and shape.  An empty array
 sends its header only.  Where the backend allows (``_inline_bytes``: 3904 B
-on mpi and gloo, whose receives take a message shorter than their buffer;
-not nccl), data up to that size travels in the header's own message: one
-message, not two.
+on mpi, 65440 B on gloo, whose receives take a message shorter than their
+buffer; not nccl), data up to that size travels in the header's own
+message: one message, not two.
 Tags: a user's tag ``t`` becomes the backend's tags
 ``8 t + 1`` (header), ``8 t + 2`` (data) and, in debug mode, ``8 t + 3``
 (the sender's call site) and ``8 t + 4`` (the receiver's verdict); spmd's own
@@ -382,8 +382,9 @@ class PointToPoint:
         exchanges): the send is started before the receive.
         """
         if self._plan(x, "sendrecv").inline and not self._mon.debug:
-            # One message of at most 4000 B: eager on every MPI measured, and gloo's small
-            # blocking sends return at once (torch_p2p's EAGER), so a blocking send first is safe.
+            # One message: of at most 4000 B on mpi, eager on every MPI measured; within
+            # torch_p2p's EAGER on gloo, whose blocking sends of that size return at once.
+            # So a blocking send first is safe.
             self.send(x, dst, tag)
             return self.recv(src, tag, out=out)
         sending = self.isend(x, dst, tag)
