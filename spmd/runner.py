@@ -22,9 +22,9 @@ __all__ = ["run_script", "abort", "report_failure"]
 USAGE = "usage: python -m spmd [-m module | script.py] [args...]"
 
 
-def abort(code=1):
-    """End this process and, where the launcher allows, the whole job, now."""
-    abort_job(code)
+def abort(code=1, after=None):
+    """End this process and, where the launcher allows, the whole job, now (after: see abort_job)."""
+    abort_job(code, after)
 
 
 def _exit_code(exc):
@@ -71,7 +71,6 @@ def run_script(argv):
             sys.stderr.write(f"### spmd: {_who()} exited with status {code}; ending the job\n")
             abort(code)
     except BaseException:
-        report_failure(*sys.exc_info())
-        abort(1)
+        abort(1, after=report_failure(*sys.exc_info()))
     finalize()
     sys.exit(0)

@@ -146,7 +146,7 @@ def _start(settings, environ):
         side = _torch_group(settings, placement, mpi_world, environ)
         comm = MpiComm(mpi_world, placement, seconds, monitor)
         timer = MpiTimeout(comm, monitor.family)
-        hub = Hub(placement.rank, placement.size, comm.broadcast_object, local, seconds)
+        hub = Hub(placement.rank, placement.size, comm.broadcast_object, local, seconds, monitor.family)
         return comm, [timer, hub] + side
     from .comms.torch_world import init_process_group, open_comm
     from .watchdog import Hub, store_share
@@ -160,7 +160,7 @@ def _start(settings, environ):
     comm = open_comm(name, placement, device, timeout=seconds, monitor=monitor, store=store)
     if store is not None:
         share = store_share(store, placement.rank)
-        guards.append(Hub(placement.rank, placement.size, share, local, seconds))
+        guards.append(Hub(placement.rank, placement.size, share, local, seconds, monitor.family))
     return comm, guards
 
 
@@ -233,13 +233,20 @@ def _nccl_fits(placement, mpi_world):
 
 
 def _register_abort(comm, guards):
-    """Tell spmd.abort this communicator's rank and size, and how its hub warns the others."""
-    tell = []
+    """Tell spmd.abort this communicator's rank and size, and how its hub warns the others and
+    compares their failures; on SIGUSR2, ask the hub where every rank is.  Return the guards."""
+    hubs = []
     if guards:
         from .watchdog import Hub
 
-        tell = [guard.fail for guard in guards if isinstance(guard, Hub)]
-    abort.register(comm.rank, comm.size, tell)
+        hubs = [guard for guard in guards if isinstance(guard, Hub)]
+    abort.register(comm.rank, comm.size, [hub.fail for hub in hubs], hubs[0] if hubs else None)
+    if not hubs:
+        return guards
+    from .report import SignalReport
+
+    signals = SignalReport(hubs[0].ask_stacks)  # only from the main thread, over no handler of the user's
+    return [signals] + guards if signals.installed else guards
 
 
 def _torch_has_mpi():
@@ -276,7 +283,7 @@ def init(backend=None, timeout=None, debug=None, trace=None, torch_group=None):
             # Each rank's lines whole (and tagged if asked), from here to its exit.
             output.whole_lines(os.environ, settings.tag_output)
             _comm, _guards = _start(settings, os.environ)
-            _register_abort(_comm, _guards)
+            _guards = _register_abort(_comm, _guards)
             _comm._caches.results.configure(settings.keep_results, _comm.local_size)
             if _comm.size > 1:
                 _install_excepthook()
@@ -305,8 +312,7 @@ def _install_excepthook():
     def hook(exc_type, exc, tb):
         if issubclass(exc_type, KeyboardInterrupt):
             return previous(exc_type, exc, tb)
-        abort.report_failure(exc_type, exc, tb)
-        abort_job(1)
+        abort_job(1, after=abort.report_failure(exc_type, exc, tb))
 
     sys.excepthook = hook
 

@@ -8,13 +8,22 @@ connections that open with the job's secret count (see docs/reliability.md,
 "The hub's threat model"): anything else that connects is dropped, and no
 input ends the hub's thread.
 
+It also makes one report of what every rank says: a failing rank asks it
+whether to print its error in full (``judge``: the lowest rank with that
+error does, the others print one line), and any rank can ask where every
+rank is (``stacks_report``: at a timeout, or on SIGUSR2), which rank 0
+prints once.
+
 ``MpiTimeout``: MPI collectives cannot be interrupted, so a thread watches
 the collective in progress and, past the timeout, prints which collective
 this rank was waiting in and aborts the job.
 """
 
+import collections
 import hmac
 import ipaddress
+import json
+import re
 import secrets
 import selectors
 import socket
@@ -22,6 +31,7 @@ import sys
 import threading
 import time
 
+from . import report
 from .abort import PEER_EXIT, abort_job, exit_now  # PEER_EXIT, exit_now: also spmd.watchdog's, as before
 
 __all__ = ["Hub", "MpiTimeout", "exit_now", "store_share", "PEER_EXIT"]
@@ -36,16 +46,42 @@ MAX_PENDING = 64
 ACCEPT_BATCH = 256
 #: Seconds close() waits for a rank whose greeting has not been read yet.
 CLOSE_WAIT = 2.0
+#: Seconds the hub collects failures after the first one before it says which rank prints each in full.
+WINDOW = 0.4
+#: Seconds a failing rank waits for that answer; without one it prints in full.
+ANSWER_WAIT = 2.0
+#: Seconds an ABORT waits for this rank's own report to be written.
+REPORT_WAIT = 3.0
+#: Bytes of one rank's answer to STACKS, and of the report sent back to a rank that asked, at most.
+MAX_STACK = 256 * 1024
+MAX_REPORT = 1024 * 1024
+#: Seconds a report of stacks asked for at a timeout serves the timeouts that follow it.
+REUSE = 10.0
+#: Why a rank may ask for the stacks report (WHERE <reason> <milliseconds>), as the report says it.
+REASONS = {b"timeout": "a call timed out on rank {}", b"signal": "SIGUSR2 on rank {}"}
+
+_HEX = re.compile(rb"[0-9a-f]{1,64}")
 
 
 class Hub:
-    """Rank 0's relay of failures; one persistent, authenticated connection per rank."""
+    """Rank 0's relay of failures; one persistent, authenticated connection per rank.
 
-    def __init__(self, rank, size, share, local_only, timeout):
-        """share(value) returns rank 0's value on every rank (a broadcast)."""
+    A rank says HELLO <rank> <secret> first, then FAIL, BYE, ERR <digest>
+    (judge), WHERE <reason> <ms> (stacks_report) or STACK <n> and n bytes
+    (its answer to STACKS); rank 0 says ABORT, BYE, FULL, SAME <rank>,
+    STACKS or REPORT <n> and n bytes.  Lines are at most MAX_LINE bytes.
+    """
+
+    def __init__(self, rank, size, share, local_only, timeout, monitors=()):
+        """share(value) returns rank 0's value on every rank (a broadcast); monitors: this rank's, for STACKS."""
         self.rank, self.size = rank, size
+        self.monitors = monitors
         self._closing = False  # from now on a closed connection is no death
         self._lock = threading.Lock()
+        self._reporting = threading.Event()  # this rank asked judge(): an ABORT waits for its report
+        self._printed = threading.Event()  # ... and it is written
+        self._ending = False  # an ABORT is waiting for that
+        self._verdict = [None, threading.Event()]  # judge()'s answer: the rank that prints in full
         if rank == 0:
             self._server, host = _listen(local_only, size)
             self._server.setblocking(False)
@@ -59,6 +95,13 @@ class Hub:
             self._buffers = {}  # socket -> the start of a line not yet ended
             self._met = set()  # ranks that ever presented the secret
             self._noted = set()  # kinds of junk already reported on stderr
+            self._expect = {}  # socket -> bytes of the STACK answer still to come on it
+            self._requests = collections.deque()  # rank 0's own judge and WHERE, for the serve thread
+            self._errors = {}  # rank -> (digest, its socket or None): failures waiting for the window's end
+            self._window_end = None
+            self._leads = {}  # digest -> the rank that prints it in full
+            self._gather = None  # the STACKS in progress: see _ask_stacks
+            self._last = None  # (when, text) of the last stacks report
             self._done = threading.Event()
             self._wake_r, self._wake_w = socket.socketpair()
             self._sel = selectors.DefaultSelector()
@@ -69,6 +112,8 @@ class Hub:
             self._sock = socket.create_connection((host, int(port)), timeout=timeout)
             self._sock.settimeout(None)
             self._sock.sendall(f"HELLO {rank} {secret}\n".encode())
+            self._send_lock = threading.Lock()
+            self._report = [None, threading.Event()]  # the stacks report rank 0 sent back
             target = self._watch
         self._thread = threading.Thread(target=target, name="spmd-hub", daemon=True)
         self._thread.start()
@@ -85,6 +130,11 @@ class Hub:
     def _step(self, timeout):
         """Serve what is ready within timeout, then close connections past their greeting's deadline."""
         try:
+            now = time.monotonic()
+            for deadline in (self._window_end if self._errors else None,
+                             self._gather["deadline"] if self._gather else None):
+                if deadline is not None:
+                    timeout = max(0.0, min(timeout, deadline - now))
             for key, _ in self._sel.select(timeout):
                 conn = key.fileobj
                 if conn is self._server:
@@ -93,7 +143,10 @@ class Hub:
                     self._wake_r.recv(64)
                 elif conn in self._buffers:  # not closed earlier in this pass
                     self._serve_one(conn)
+            while self._requests:
+                self._local(self._requests.popleft())
             self._expire()
+            self._tick()
         except Exception as exc:  # this thread must outlive anything it is sent
             self._note("error", f"the fail-fast hub recovered from {exc!r}")
             time.sleep(0.05)
@@ -154,15 +207,28 @@ class Hub:
         if not data:
             self._lost(conn)
             return
-        *lines, rest = (self._buffers[conn] + data).split(b"\n")
-        for line in lines:
-            if len(line) > MAX_LINE:
-                self._drop(conn)
-                return
-            self._message(conn, line)
+        buf, at = self._buffers[conn] + data, 0
+        while True:
+            want = self._expect.get(conn)
+            if want is not None:  # a rank's answer to STACKS: want bytes, not a line
+                if len(buf) - at < want:
+                    break
+                del self._expect[conn]
+                self._stack(conn, buf[at:at + want])
+                at += want
+            else:
+                end = buf.find(b"\n", at)
+                if end < 0:
+                    break
+                if end - at > MAX_LINE:
+                    self._drop(conn)
+                    return
+                line, at = buf[at:end], end + 1
+                self._message(conn, line)
             if conn not in self._buffers:  # the message closed it
                 return
-        if len(rest) > MAX_LINE:
+        rest = buf[at:]
+        if len(rest) > MAX_LINE and conn not in self._expect:
             self._drop(conn)
             return
         self._buffers[conn] = rest
@@ -176,8 +242,129 @@ class Hub:
         elif line == b"BYE":
             with self._lock:
                 self._peers.pop(conn, None)
-        else:
+        elif not self._word(conn, rank, line.split(b" ")):
             self._note("word", f"the fail-fast hub ignored a message from rank {rank}: {line[:40]!r}")
+
+    def _word(self, conn, rank, parts):
+        """Act on ERR, WHERE or STACK from an authenticated rank; tell whether it was one of them."""
+        if len(parts) == 2 and parts[0] == b"ERR" and _HEX.fullmatch(parts[1]):
+            self._judge(rank, parts[1].decode(), conn)
+        elif len(parts) == 3 and parts[0] == b"WHERE" and parts[1] in REASONS and parts[2].isdigit():
+            self._ask_stacks(rank, parts[1], min(int(parts[2]), 60000) / 1000, conn)
+        elif len(parts) == 2 and parts[0] == b"STACK" and parts[1].isdigit() and 0 < int(parts[1]) <= MAX_STACK:
+            self._expect[conn] = int(parts[1])
+        else:
+            return False
+        return True
+
+    def _local(self, request):
+        """Serve a request of rank 0's own, made on another thread."""
+        kind, *args = request
+        if kind == "judge":
+            self._judge(0, args[0], None)
+        else:
+            self._ask_stacks(0, *args)
+
+    # -- one report per job (rank 0) -------------------------------------------
+
+    def _judge(self, rank, digest, conn):
+        """Rank failed with this digest: answer at the window's end, or at once once it has passed."""
+        now = time.monotonic()
+        if self._window_end is None:
+            self._window_end = now + WINDOW
+        if now < self._window_end:
+            self._errors[rank] = (digest, conn)
+        else:
+            self._answer(rank, conn, self._leads.setdefault(digest, rank))
+
+    def _tick(self):
+        """Answer the failures once the window has passed; end a gather past its deadline."""
+        now = time.monotonic()
+        if self._errors and now >= self._window_end:
+            errors, self._errors = self._errors, {}
+            for rank in sorted(errors):
+                digest, conn = errors[rank]
+                self._answer(rank, conn, self._leads.setdefault(digest, rank))  # the lowest first
+        if self._gather is not None and now >= self._gather["deadline"]:
+            self._end_gather()
+
+    def _answer(self, rank, conn, lead):
+        if conn is None:
+            self._verdict[0] = lead
+            self._verdict[1].set()
+            return
+        try:
+            conn.send(b"FULL\n" if lead == rank else f"SAME {lead}\n".encode())
+        except OSError:
+            pass
+
+    # -- where every rank is (rank 0) ------------------------------------------
+
+    def _ask_stacks(self, rank, reason, wait, waiter):
+        """Rank asked where every rank is: ask each (once for every asker now), answer waiter at the end.
+
+        reason: a key of REASONS; waiter: the asker's socket, a local [text, Event] slot, or None.
+        """
+        now = time.monotonic()
+        if self._gather is None and reason == b"timeout" and self._last and now - self._last[0] < REUSE:
+            self._reply(waiter, self._last[1])  # one hang, one report: the first timeout's
+            return
+        if self._gather is None:
+            self._gather = {"asked": REASONS[reason].format(rank), "wait": wait, "deadline": now + wait, "waiters": [],
+                            "got": {0: report.where(0, self.monitors)}}
+            self._tell_all(b"STACKS\n")
+        self._gather["waiters"].append(waiter)
+        self._maybe_end_gather()
+
+    def _stack(self, conn, payload):
+        """A rank's answer to STACKS."""
+        rank = self._peers.get(conn)
+        if self._gather is None or rank is None:
+            return
+        try:
+            summary = json.loads(payload.decode("utf-8", "replace"))
+        except ValueError:
+            self._note("stack", f"the fail-fast hub could not read rank {rank}'s stacks")
+            return
+        if isinstance(summary, dict):
+            self._gather["got"][rank] = {k: str(v)[:MAX_STACK] if v is not None else None
+                                         for k, v in summary.items() if isinstance(k, str)}
+        self._maybe_end_gather()
+
+    def _maybe_end_gather(self):
+        if self._gather is not None and len(self._gather["got"]) >= self.size:
+            self._end_gather()
+
+    def _end_gather(self):
+        gather, self._gather = self._gather, None
+        text = report.stacks_text(gather["got"], self.size, gather["asked"], gather["wait"])
+        self._last = (time.monotonic(), text)
+        try:
+            sys.stderr.write(text)
+            sys.stderr.flush()
+        except Exception:
+            pass
+        for waiter in gather["waiters"]:
+            self._reply(waiter, text)
+
+    def _reply(self, waiter, text):
+        if waiter is None:
+            return
+        if isinstance(waiter, list):
+            waiter[0] = text
+            waiter[1].set()
+            return
+        data = text.encode("utf-8", "replace")[:MAX_REPORT]
+        try:
+            waiter.settimeout(2.0)  # a rank's watch thread reads at once: bounded anyway
+            waiter.sendall(b"REPORT %d\n" % len(data) + data)
+        except OSError:
+            pass
+        finally:
+            try:
+                waiter.setblocking(False)
+            except OSError:
+                pass
 
     def _hello(self, conn, line):
         parts = line.split(b" ")
@@ -211,6 +398,7 @@ class Hub:
             self._peers.pop(conn, None)
         self._pending.pop(conn, None)
         self._buffers.pop(conn, None)
+        self._expect.pop(conn, None)
         try:
             self._sel.unregister(conn)
         except (KeyError, ValueError):
@@ -241,7 +429,7 @@ class Hub:
     def _abort_all(self, message):
         self._closing = True
         self._tell_all(b"ABORT\n")
-        exit_now(PEER_EXIT, f"### spmd: {message}; ending the job" if message else None)
+        self._end(PEER_EXIT, f"### spmd: {message}; ending the job" if message else None)
 
     def _finish(self):
         """Say BYE to every rank and close everything, once every rank's greeting is read."""
@@ -263,27 +451,138 @@ class Hub:
     # -- other ranks -------------------------------------------------------------
 
     def _watch(self):
-        rest = b""
+        buf, want = b"", None  # want: bytes of a REPORT still to come
         while True:
             try:
-                chunk = self._sock.recv(4096)
+                chunk = self._sock.recv(65536)
             except OSError:
                 chunk = b""
             if not chunk:
+                self._verdict[1].set()  # no answer will come: print in full
+                self._report[1].set()
                 if not self._closing:
                     exit_now(PEER_EXIT, f"### spmd: rank {self.rank}: lost rank 0 (it died); ending")
                 return
-            *lines, rest = (rest + chunk).split(b"\n")
-            for line in lines:
-                if line == b"ABORT":
-                    exit_now(PEER_EXIT)
-                    return
+            buf, at = buf + chunk, 0
+            while True:
+                if want is not None:
+                    if len(buf) - at < want:
+                        break
+                    self._report[0] = buf[at:at + want].decode("utf-8", "replace")
+                    self._report[1].set()
+                    at, want = at + want, None
+                    continue
+                end = buf.find(b"\n", at)
+                if end < 0:
+                    break
+                line, at = buf[at:end], end + 1
                 if line == b"BYE":
                     return
-            if len(rest) > MAX_LINE:  # rank 0 never says anything that long
-                rest = b""
+                want = self._heard(line)
+            buf = buf[at:]
+            if want is None and len(buf) > MAX_LINE:  # rank 0 never says anything that long
+                buf = b""
+
+    def _heard(self, line):
+        """Act on a line from rank 0; return the length of the REPORT that follows it, if one does."""
+        parts = line.split(b" ")
+        if line == b"ABORT":
+            self._closing = True
+            self._end(PEER_EXIT)
+        elif line == b"FULL" or len(parts) == 2 and parts[0] == b"SAME" and parts[1].isdigit():
+            self._verdict[0] = self.rank if line == b"FULL" else int(parts[1])
+            self._verdict[1].set()
+        elif line == b"STACKS":
+            data = json.dumps(report.where(self.rank, self.monitors)).encode()
+            if len(data) > MAX_STACK:  # cut the threads' part, never the summary
+                summary = report.where(self.rank, self.monitors)
+                summary["threads"] = summary["threads"][:MAX_STACK // 4] + "\n... (cut)\n"
+                data = json.dumps(summary).encode()[:MAX_STACK]
+            self._send(b"STACK %d\n" % len(data) + data)
+        elif len(parts) == 2 and parts[0] == b"REPORT" and parts[1].isdigit() and int(parts[1]) <= MAX_REPORT:
+            return int(parts[1])
+        return None
+
+    def _send(self, data):
+        with self._send_lock:
+            try:
+                self._sock.sendall(data)
+                return True
+            except OSError:
+                return False
 
     # -- both ------------------------------------------------------------------
+
+    def _end(self, code, message=None):
+        """End this process, once its own report (if it is writing one) is written."""
+        if not self._reporting.is_set() or self._printed.is_set():
+            exit_now(code, message)
+            return
+        if self._ending:
+            return
+        self._ending = True
+
+        def later():
+            self._printed.wait(REPORT_WAIT)
+            exit_now(code, message)
+
+        threading.Thread(target=later, name="spmd-end", daemon=True).start()
+
+    def judge(self, digest, timeout=ANSWER_WAIT):
+        """This rank failed with an error of this digest: return the rank that prints it in full.
+
+        That is the lowest rank that failed alike within the hub's window,
+        this one's if so; None when no answer came in time (print in full).
+        Call judged() once the report is written.
+        """
+        self._reporting.set()
+        if self.rank == 0:
+            self._requests.append(("judge", digest))
+            self._wake()
+        elif not self._send(f"ERR {digest}\n".encode()):
+            return None
+        if not self._verdict[1].wait(timeout):
+            return None
+        return self._verdict[0]
+
+    def judged(self):
+        """This rank's report is written: an ABORT may end it now."""
+        self._printed.set()
+
+    def stacks_report(self, timeout=2.0, reason="timeout"):
+        """Ask every rank where it is; rank 0 prints one report; return its text (None if none came).
+
+        timeout: seconds the hub waits for the ranks' answers.  reason:
+        "timeout" (a call timed out here: a report made for an earlier
+        timeout in the last few seconds is reused) or "signal".
+        """
+        wait = max(0.1, float(timeout))
+        if self.rank == 0:
+            slot = [None, threading.Event()]
+            self._requests.append(("stacks", reason.encode(), wait, slot))
+            self._wake()
+            slot[1].wait(wait + 2.0)
+            return slot[0]
+        self._report[0] = None
+        self._report[1].clear()
+        if not self._send(f"WHERE {reason} {int(wait * 1000)}\n".encode()):
+            return None
+        self._report[1].wait(wait + 2.0)
+        return self._report[0]
+
+    def ask_stacks(self):
+        """Ask for the stacks report without waiting (SIGUSR2's trigger: rank 0 prints it)."""
+        if self.rank == 0:
+            self._requests.append(("stacks", b"signal", 2.0, None))
+            self._wake()
+        else:
+            self._send(b"WHERE signal 2000\n")
+
+    def _wake(self):
+        try:
+            self._wake_w.send(b"x")
+        except OSError:
+            pass
 
     def fail(self):
         """Tell every rank that this one failed (it prints its own traceback)."""
@@ -291,24 +590,18 @@ class Hub:
             self._closing = True
             self._tell_all(b"ABORT\n")
             return
-        try:
-            self._sock.sendall(b"FAIL\n")
-        except OSError:
-            pass
+        self._send(b"FAIL\n")
 
     def close(self):
         """Leave normally: the other side will not take it for a death."""
         self._closing = True
         if self.rank == 0:
             self._done.set()
-            try:
-                self._wake_w.send(b"x")
-            except OSError:
-                pass
+            self._wake()
             self._thread.join(timeout=CLOSE_WAIT + 3.0)
         else:
+            self._send(b"BYE\n")
             try:
-                self._sock.sendall(b"BYE\n")
                 self._sock.close()
             except OSError:
                 pass

@@ -177,8 +177,9 @@ def test_no_import_cycle():
 
 @pytest.mark.parametrize("module, allowed", [
     ("spmd.settings", {"spmd.errors", "spmd.units"}),
-    ("spmd.abort", {"spmd.errors", "spmd.placement"}),
-    ("spmd.watchdog", {"spmd.abort"}),
+    ("spmd.abort", {"spmd.errors", "spmd.placement", "spmd.report"}),
+    ("spmd.watchdog", {"spmd.abort", "spmd.report"}),
+    ("spmd.report", {"spmd.monitor"}),
     ("spmd._proxy", {"spmd.runtime"}),
 ])
 def test_the_runtime_reads_in_one_direction(module, allowed):
