@@ -65,10 +65,12 @@ def digest(exc_type, exc):
 
 def _ours(path):
     """Tell whether a frame's file is spmd's own or the standard library's."""
+    if path.startswith("<frozen"):  # before abspath, which would put it under the working directory
+        return True
     path = os.path.abspath(path)
     if path.startswith(_HERE):
         return True
-    return path.startswith(_STDLIB) and not path.startswith(_SITE) or path.startswith("<frozen")
+    return path.startswith(_STDLIB) and not path.startswith(_SITE)
 
 
 def _user_frame(frame):
@@ -79,6 +81,15 @@ def _user_frame(frame):
             return f
         f = f.f_back
     return frame
+
+
+def _in_finalize(frame):
+    """Tell whether a stack is inside spmd's finalize (the script ran to its end)."""
+    while frame is not None:
+        if frame.f_code.co_name == "finalize" and os.path.abspath(frame.f_code.co_filename).startswith(_HERE):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _show(path):
@@ -125,6 +136,8 @@ def where(rank, monitors=()):
     frame = _user_frame(main)
     if frame is None:
         place, func = "?", "?"
+    elif _ours(frame.f_code.co_filename) and _in_finalize(main):  # no frame of the user's: the script is over
+        place, func = "the end of its script", "spmd.finalize"
     else:
         place, func = f"{_show(frame.f_code.co_filename)}:{frame.f_lineno}", frame.f_code.co_name
     return {"rank": rank, "host": socket.gethostname(), "pid": os.getpid(), "where": place, "func": func,

@@ -32,7 +32,7 @@ import threading
 import time
 
 from . import report
-from .abort import PEER_EXIT, abort_job, exit_now  # PEER_EXIT, exit_now: also spmd.watchdog's, as before
+from .abort import PEER_EXIT, abort_job, exit_now, report_message, stacks_report  # PEER_EXIT, exit_now: also spmd.watchdog's
 
 __all__ = ["Hub", "MpiTimeout", "exit_now", "store_share", "PEER_EXIT"]
 
@@ -676,15 +676,16 @@ class MpiTimeout:
                     self._expire(mon, busy, name, in_wait)
 
     def _expire(self, mon, seq, name, in_wait=False):
-        sys.stderr.write(
+        # Where every rank is, gathered by the hub while the ranks still wait (rank 0 prints it).
+        where = "see the report of every rank's stack" if stacks_report() else "where the others wait cannot be known"
+        message = (
             f"### spmd: rank {self.rank} of {self.size}: {name} (call #{seq}) timed "
             f"out after {self.timeout:g} s {mon.IN_WAIT + ', ' if in_wait else ''}waiting for "
             f"{'its peer' if name.startswith(('send ', 'recv ')) else 'the other ranks'} "
-            f"(mpi backend; where the others wait cannot be known). Last calls on this rank: {mon.recent()}. "
-            "Ending the job.\n"
+            f"(mpi backend; {where}). Last calls on this rank: {mon.recent()}. Ending the job."
         )
-        sys.stderr.flush()
-        abort_job(1)  # MPI_Abort, once mpirun has had a moment to forward this
+        # One report per job: a rank whose timeout a lower rank reports alike prints one line.
+        abort_job(1, after=report_message(message))  # MPI_Abort, once mpirun has had a moment to forward it
 
     def close(self):
         self._stop.set()
