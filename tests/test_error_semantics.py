@@ -209,7 +209,7 @@ def test_the_mpi_watcher_names_an_async_calls_wait(monkeypatch):
         rank, size, timeout = 0, 2, 0.2
 
     ended, err = [], io.StringIO()
-    monkeypatch.setattr(watchdog, "abort_job", ended.append)
+    monkeypatch.setattr(watchdog, "abort_job", lambda code, after=None: ended.append(code))
     monkeypatch.setattr(watchdog.sys, "stderr", err)
     mon = Monitor()
     for _ in range(20):  # call #12 is long out of the ring of the last eight
