@@ -144,3 +144,30 @@ def assert_world(result, size, backend=None, launcher=None):
         assert backend is None or b == backend, (rank, b, backend)
         assert launcher is None or l == launcher, (rank, l, launcher)
     return got
+
+
+# -- fixtures shared by the in-process tiers ---------------------------------------------
+
+@pytest.fixture(scope="module")
+def gloo_group():
+    """torch.distributed's default group: gloo over a HashStore, a world of one (unless one is up)."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():  # another module's world of one
+        yield
+        return
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+@pytest.fixture
+def exits(monkeypatch):
+    """What the hub's exit_now was asked to do, instead of doing it."""
+    import queue
+
+    from spmd import watchdog
+
+    calls = queue.Queue()
+    monkeypatch.setattr(watchdog, "exit_now", lambda code, message=None: calls.put((code, message)))
+    return calls

@@ -31,18 +31,6 @@ BACKENDS = ["serial", "gloo", "torch", "mpi"]
 PATHS = ["direct", "general"]
 
 
-@pytest.fixture(scope="module")
-def gloo_group():
-    import torch.distributed as dist
-
-    if dist.is_initialized():  # another module's world of one
-        yield
-        return
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
-
-
 def _open(backend, monitor):
     if backend == "serial":
         from spmd.comms.serial import SerialComm

@@ -36,18 +36,6 @@ GLOO_CLOSED = ("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.c
 SCRIPT = "/home/u/timeout_study/train.py"
 
 
-@pytest.fixture(scope="module")
-def gloo_group():
-    import torch.distributed as dist
-
-    if dist.is_initialized():  # another module's world of one
-        yield
-        return
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
-
-
 def _open(backend, debug=False):
     monitor = Monitor(debug=debug)
     if backend == "serial":

@@ -74,14 +74,6 @@ def fuzz(address, connections=500):
 # -- in-process: rank 0's Hub, a fake share and a fake exit --------------------------
 
 @pytest.fixture
-def exits(monkeypatch):
-    """What exit_now was asked to do, instead of doing it."""
-    calls = queue.Queue()
-    monkeypatch.setattr(watchdog, "exit_now", lambda code, message=None: calls.put((code, message)))
-    return calls
-
-
-@pytest.fixture
 def hub(exits):
     shared = []
 

@@ -112,13 +112,6 @@ SIZE = 4
 
 
 @pytest.fixture
-def exits(monkeypatch):
-    calls = queue.Queue()
-    monkeypatch.setattr(watchdog, "exit_now", lambda code, message=None: calls.put((code, message)))
-    return calls
-
-
-@pytest.fixture
 def hub(exits):
     shared = []
     hub = Hub(0, SIZE, lambda v: shared.append(v) or v, True, 5)
