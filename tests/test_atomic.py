@@ -185,6 +185,13 @@ def kill_while_writing(proc, folder, name, timeout, min_bytes=1):
                 if big:
                     os.killpg(proc.pid, signal.SIGKILL)
                     finish(proc, 60)
+                    # mpirun has ended, the rank maybe not yet (SIGKILLed, still exiting):
+                    # until it has, its temporary is a live writer's, which no run removes.
+                    writer = int(entry.name[len(prefix):].rsplit("-", 2)[-2])
+                    gone = time.monotonic() + 30
+                    while os.path.exists(f"/proc/{writer}") and time.monotonic() < gone:
+                        time.sleep(0.01)
+                    assert not os.path.exists(f"/proc/{writer}"), f"the writer (pid {writer}) outlived its job by 30 s"
                     return entry.name
         time.sleep(0.002)
     out = finish(proc, 60).stdout
