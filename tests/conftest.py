@@ -6,6 +6,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -117,6 +118,42 @@ def finish(proc, timeout, what="job"):
         out, _ = proc.communicate()
         pytest.fail(f"{what} hung: no exit within {timeout} s; output so far:\n{out[-4000:]}")
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, "")
+
+
+def marked(mark):
+    """Return {pid: command line} of the live processes (not this one) whose command line or
+    environment holds mark: a word unique to one run, so what it leaves behind can be found."""
+    needle, found = mark.encode(), {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            cmdline = Path(f"/proc/{name}/cmdline").read_bytes()
+            environ = Path(f"/proc/{name}/environ").read_bytes()  # empty for a zombie
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        if needle in cmdline or needle in environ:
+            found[int(name)] = cmdline.replace(b"\0", b" ").decode(errors="replace").strip()
+    return found
+
+
+def left_behind(mark, grace=1.0):
+    """Return {pid: command line} of mark's processes still alive grace seconds after now; kill them.
+
+    Call it once the run's launcher has exited: a process that outlives it by more
+    than grace was left behind.  SIGKILL ends each one, so nothing leaks into later tests.
+    """
+    deadline = time.monotonic() + grace
+    found = marked(mark)
+    while found and time.monotonic() < deadline:
+        time.sleep(0.05)
+        found = marked(mark)
+    for pid in found:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return found
 
 
 def run(cmd, timeout=120, env=None, what=None):

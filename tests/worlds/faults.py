@@ -1,18 +1,30 @@
-"""One failure scenario per run: faults.py SCENARIO (see the table in docs/reliability.md)."""
+"""One failure scenario per run: faults.py SCENARIO [MARK] (see the table in docs/reliability.md).
+
+MARK is ignored: the tests put a unique word on every rank's command line to
+find, in the process table, what a run left behind.
+"""
 
 import os
 import signal
 import sys
+import threading
 import time
 
 import numpy as np
 
 import spmd
+import spmd.watchdog
 from spmd.placement import detect
 
 scenario = sys.argv[1]
 if scenario == "late" and detect().rank == 1:
     time.sleep(120)  # to the others, a rank that never starts
+if scenario == "init-death" and detect().rank == 1:
+    # Die inside init: the backend has started, this rank's hub handshake has not
+    # (the others are in init too, waiting for this rank in the hub or init's barrier).
+    spmd.watchdog.Hub.__init__ = lambda *args, **kw: os.kill(os.getpid(), signal.SIGKILL)
+if scenario == "gather-kill":  # allocated before READY: 128 MiB of float32 from each rank
+    big = np.ones(32 << 20, dtype=np.float32)
 comm = spmd.init()
 r = comm.rank
 x = np.ones(1000)
@@ -71,6 +83,24 @@ elif scenario == "p2p-kill":  # rank 0 waits for a message from a rank that dies
         time.sleep(0.5)
         os.kill(os.getpid(), signal.SIGKILL)
     comm.recv(1, tag=1)
-elif scenario != "late":
+elif scenario == "gather-kill":  # a rank SIGKILLed while the others wait in a 256 MiB gather
+    if r == 1:
+        time.sleep(0.5)  # rank 0 waits inside the gather by then
+        threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGKILL)).start()  # mid-send
+    got = comm.gather(big, root=0)
+    print(f"GATHERED rank {r}", flush=True)  # must not happen: rank 1 died before its data arrived
+elif scenario == "outsider":  # the test fuzzes the hub from outside, then touches the go file
+    if r == 0:
+        hub = next(g for g in spmd.runtime._guards if isinstance(g, spmd.watchdog.Hub))
+        print(f"HUB {hub.address[0]} {hub.address[1]}", flush=True)
+    go = os.environ["FAULTS_GO"]
+    while not os.path.exists(go):
+        time.sleep(0.05)
+    total = comm.all_reduce(np.array([r + 1.0]))
+    print(f"SURVIVED rank {r} sum {total[0]:g}", flush=True)
+    if os.environ.get("FAULTS_ENDING") == "raise" and r == 1:
+        raise ValueError("rank 1 found a bad record after the fuzz")
+    comm.barrier()
+elif scenario not in ("late", "init-death"):
     sys.exit(f"unknown scenario {scenario}")
 print(f"DONE rank {r}", flush=True)
