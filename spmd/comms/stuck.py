@@ -27,13 +27,19 @@ def note(store, ranks, rank, fp, why=""):
         pass
 
 
+#: Seconds a timed-out rank waits for the others to say where they wait.
+WAIT = 2.0
+
+
 def report(store, ranks, rank, size, fp, timeout):
     """Say where the other ranks were stuck, waiting a few seconds for them; None if unknowable."""
     if store is None:
         return None
     try:
         store.set(key(ranks, rank), f"#{fp[0]} {fp[1]}")
-        deadline = time.monotonic() + min(5.0, timeout or 5.0)
+        # A short wait: the report of every rank's stack (spmd.report), asked for first,
+        # already gave the others time to time out, and shows where those not in a call are.
+        deadline = time.monotonic() + min(WAIT, timeout or WAIT)
         while True:
             here = [r for r in range(size) if store.check([key(ranks, r)])]
             if len(here) == size or time.monotonic() > deadline:
