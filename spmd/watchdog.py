@@ -90,6 +90,7 @@ class Hub:
             self.address = (host, self._server.getsockname()[1])
             share(f"{host}:{self.address[1]} {self._secret.decode()}")
             self._peers = {}  # authenticated socket -> rank: the only ones told ABORT or BYE (under _lock)
+            self._write_lock = threading.Lock()  # one writer at a time on those sockets (_write)
             # The rest is the serve thread's alone.
             self._pending = {}  # socket -> deadline for its greeting, oldest first
             self._buffers = {}  # socket -> the start of a line not yet ended
@@ -293,10 +294,7 @@ class Hub:
             self._verdict[0] = lead
             self._verdict[1].set()
             return
-        try:
-            conn.send(b"FULL\n" if lead == rank else f"SAME {lead}\n".encode())
-        except OSError:
-            pass
+        self._write(conn, b"FULL\n" if lead == rank else f"SAME {lead}\n".encode())
 
     # -- where every rank is (rank 0) ------------------------------------------
 
@@ -355,16 +353,7 @@ class Hub:
             waiter[1].set()
             return
         data = text.encode("utf-8", "replace")[:MAX_REPORT]
-        try:
-            waiter.settimeout(2.0)  # a rank's watch thread reads at once: bounded anyway
-            waiter.sendall(b"REPORT %d\n" % len(data) + data)
-        except OSError:
-            pass
-        finally:
-            try:
-                waiter.setblocking(False)
-            except OSError:
-                pass
+        self._write(waiter, b"REPORT %d\n" % len(data) + data, 2.0)  # its watch thread reads at once
 
     def _hello(self, conn, line):
         parts = line.split(b" ")
@@ -421,10 +410,25 @@ class Hub:
         with self._lock:
             peers = list(self._peers)
         for conn in peers:
+            self._write(conn, word)
+
+    def _write(self, conn, data, seconds=1.0):
+        """Send data whole on one of rank 0's connections, from any thread, within seconds.
+
+        One writer at a time: the main thread's ABORT (fail) must not land
+        inside a REPORT the serve thread is sending on the same socket.
+        """
+        with self._write_lock:
             try:
-                conn.send(word)  # a few bytes into an empty buffer: never partial
+                conn.settimeout(seconds)
+                conn.sendall(data)
             except OSError:
                 pass
+            finally:
+                try:
+                    conn.setblocking(False)  # the serve thread's reads never wait
+                except OSError:
+                    pass
 
     def _abort_all(self, message):
         self._closing = True
@@ -671,7 +675,7 @@ class MpiTimeout:
                     since[id(mon)] = (busy, now)
                 elif now - first[1] > timeout:
                     in_wait = waiting is not None and waiting[0] == busy
-                    fp = waiting if in_wait else mon.find(busy)  # an async call may be out of the ring
+                    fp = mon.find(busy)  # (an async call's wait: found though out of the ring)
                     name = mon.name_of(fp) if fp else "a collective"
                     self._expire(mon, busy, name, in_wait)
 
