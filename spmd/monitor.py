@@ -166,12 +166,13 @@ class Monitor:
         return self.pending
 
     def find(self, seq):
-        """Return the fingerprint of call seq if still kept (counted, or in its description exchange), else None."""
-        fp = next((f for f in reversed(self.ring) if f[0] == seq), None)
-        pending = self.pending
-        if fp is None and pending is not None and pending[0] == seq:
-            fp = pending
-        return fp
+        """Return the fingerprint of call seq if known, else None: kept in the ring, in its
+        description exchange (pending), or the async call whose wait() this rank blocks in
+        (waiting: it may be out of the ring by then)."""
+        for fp in (self.waiting, self.pending):
+            if fp is not None and fp[0] == seq:
+                return fp
+        return next((f for f in reversed(self.ring) if f[0] == seq), None)
 
     @staticmethod
     def name_of(fp):
