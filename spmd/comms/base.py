@@ -370,6 +370,9 @@ class Comm(Collectives, Exchanges, PointToPoint, Objects, abc.ABC):
         caller chains.
         """
         if self._is_timeout(exc):
+            from ..abort import stacks_report
+
+            stacks_report()  # where every rank is at this hang, printed once by rank 0 (every backend)
             return self._mon.timeout_error(self, fp, exc, self._peers_report(fp), waiting)
         lost = is_peer_lost(exc)
         if lost:  # a peer that timed out may be waiting to hear where this rank was

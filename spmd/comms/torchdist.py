@@ -70,9 +70,6 @@ class TorchComm(TorchMessages, Comm):
         stuck.note(self._store, self._ranks, self.rank, fp, why)
 
     def _peers_report(self, fp):
-        from ..abort import stacks_report
-
-        stacks_report()  # where every rank is at this hang, printed once by rank 0
         return stuck.report(self._store, self._ranks, self.rank, self.size, fp, self.timeout)
 
     def _is_timeout(self, exc):
