@@ -19,7 +19,7 @@ import sys
 import time
 import traceback
 
-from .errors import is_peer_lost
+from .errors import CollectiveTimeout, is_peer_lost
 
 __all__ = [
     "report_failure",
@@ -101,15 +101,13 @@ def report_failure(exc_type, exc, tb):
                    + "".join(traceback.format_exception(exc_type, exc, tb)))
 
 
-def report_message(message, kind="CollectiveTimeout"):
-    """Write message, an error of this rank's not raised (the mpi watcher's), as report_failure would.
+def report_message(message):
+    """Write message, a timeout of this rank's not raised (the mpi watcher's), as report_failure would.
 
-    kind names the error for the one line of a rank that another reports
-    for; message is compared as an exception of that name would be.
+    It is compared with the other ranks' errors as a CollectiveTimeout.
     Return as report_failure does (pass it to abort_job's after).
     """
-    error = type(kind, (Exception,), {"__module__": "spmd"})
-    return _report(error, error(message), lambda: message.rstrip("\n") + "\n")
+    return _report(CollectiveTimeout, CollectiveTimeout(message), lambda: message.rstrip("\n") + "\n")
 
 
 def _report(exc_type, exc, full):
