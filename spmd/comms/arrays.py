@@ -42,6 +42,16 @@ def check_array(x, what="x"):
     )
 
 
+def byte_view(a):
+    """Return contiguous CPU array or tensor a's memory as a writable flat numpy uint8 array."""
+    if isinstance(a, np.ndarray):
+        return a.reshape(-1).view(np.uint8)
+    import torch
+
+    # as_strided, not reshape: torch calls a tensor with a size-1 dim of any stride contiguous
+    return a.detach().as_strided((a.numel(),), (1,)).view(torch.uint8).numpy()
+
+
 def dtype_name(x):
     """Name x's dtype the same way for torch and numpy ('float32', 'bfloat16')."""
     return str(x.dtype).replace("torch.", "")

@@ -7,23 +7,17 @@ the torch backends keep those whose destination is this rank.
 
 import collections
 
-import numpy as np
-
 from ..errors import CollectiveError
-from .arrays import is_tensor
+from .arrays import byte_view, is_tensor
 
 __all__ = ["Mailbox"]
 
 
 def _bytes(a):
     """A contiguous array's bytes as a flat numpy uint8 view (a CPU copy for a device tensor)."""
-    if is_tensor(a):
-        a = a.detach()
-        if not a.is_cpu:
-            a = a.cpu()
-        # as_strided, not reshape: torch calls a tensor with a size-1 dim of any stride contiguous
-        return a.as_strided((a.numel(),), (1,)).view(__import__("torch").uint8).numpy()
-    return a.reshape(-1).view(np.uint8)
+    if is_tensor(a) and not a.is_cpu:
+        a = a.detach().cpu()
+    return byte_view(a)
 
 
 class Mailbox:

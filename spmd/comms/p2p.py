@@ -37,7 +37,7 @@ import numpy as np
 
 from ..errors import CollectiveError, CollectiveTimeout
 from . import meta
-from .arrays import contiguous, dtype_name, is_tensor
+from .arrays import byte_view, contiguous, dtype_name, is_tensor
 from .handle import Handle
 from .incoming import (
     DATA,
@@ -49,7 +49,6 @@ from .incoming import (
     Incoming,
     Threaded,
     all_done,
-    header_buffer,
     land,
 )
 
@@ -87,18 +86,12 @@ class PointToPoint:
     #: immediate receives then wait for their header in a thread of their own.
     _receives_in_threads = False
     #: Data of at most this many bytes travels inside its header's message.  Only
-    #: for backends whose receive takes a message shorter than its buffer (mpi);
-    #: they also give ``_bytes_of``.
+    #: for backends whose receive takes a message shorter than its buffer (mpi, gloo).
     _inline_bytes = 0
 
     def _bytes_of(self, c):
         """Return contiguous CPU array or tensor c's memory as a writable 1-d numpy uint8 array."""
-        if isinstance(c, np.ndarray):
-            return c.reshape(-1).view(np.uint8)
-        import torch
-
-        # as_strided, not reshape: torch calls a tensor with a size-1 dim of any stride contiguous
-        return c.detach().as_strided((c.numel(),), (1,)).view(torch.uint8).numpy()
+        return byte_view(c)
 
     def _packed(self, header, c, n):
         """One message: the header row, then c's n bytes."""
@@ -262,15 +255,12 @@ class PointToPoint:
             if self._recv_tail.tobytes() == plan.tail and (
                 out.flags.c_contiguous if type(out) is np.ndarray else out.is_contiguous()
             ):  # into out as it is, which fits the message (its kind aside)
-                if not plan.inline:
-                    if plan.nbytes:
-                        self._recv(out, source, base + DATA, False)
-                elif plan.receiving is not None and type(out) is np.ndarray:
-                    out[...] = plan.receiving
+                if plan.receiving is not None and type(out) is np.ndarray:
+                    out[...] = plan.receiving  # inline, numpy: one copy out of the header's message
                 elif plan.cpu_tensor:
-                    memmove(out.data_ptr(), plan.receiving_at, plan.nbytes)
+                    memmove(out.data_ptr(), plan.receiving_at, plan.nbytes)  # inline, CPU tensor
                 else:
-                    self._bytes_of(out)[:] = self._recv_header.view(np.uint8)[HEADER_BYTES : HEADER_BYTES + plan.nbytes]
+                    land(self, header, out, source, base, False)
                 return out, source
         elif out is None and not self._mon.debug:  # a new array of what was sent
             kind, dtype, shape = self._descs.message(self._recv_row)
