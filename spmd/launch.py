@@ -16,6 +16,7 @@ import threading
 import time
 
 from .errors import LaunchError, RendezvousError
+from .output import prefix as line_tag
 from .watchdog import PEER_EXIT
 
 __all__ = ["launch", "child_env", "STRIPPED"]
@@ -107,9 +108,8 @@ def launch(argv, nprocs, *, backend=None, prefix=None, timeout=None,
             ))
         sock.close()
         if prefix:
-            width = len(str(nprocs - 1))
             for rank, p in enumerate(procs):
-                tag = f"[{rank:>{width}}] ".encode()
+                tag = line_tag(rank, nprocs).encode()  # the same as SPMD_TAG_OUTPUT's
                 pumps += [out.pump(p.stdout, tag, err=False),
                           out.pump(p.stderr, tag, err=True)]
         failed = _supervise(procs, stop)
