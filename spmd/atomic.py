@@ -171,13 +171,12 @@ class AtomicFile:
         self.folder = os.path.dirname(os.path.abspath(self.path))
         remove_stale(self.path, say)
         self.tmp = temporary_name(self.path)
-        # 0o666 less the umask, as open() would give the target itself
-        fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
+        # "x": created here or an error, with 0o666 less the umask, as the target itself would be
         try:
-            self.file = os.fdopen(fd, "w", encoding=encoding) if text else os.fdopen(fd, "wb")
+            self.file = open(self.tmp, "x", encoding=encoding) if text else open(self.tmp, "xb")
         except BaseException:
-            os.close(fd)
-            os.unlink(self.tmp)
+            with contextlib.suppress(FileNotFoundError):  # a bad encoding fails after creating it
+                os.unlink(self.tmp)
             raise
         self.state = "open"
 
