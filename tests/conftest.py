@@ -185,6 +185,33 @@ def assert_world(result, size, backend=None, launcher=None):
 
 # -- fixtures shared by the in-process tiers ---------------------------------------------
 
+#: Backends a test can open in one process (a world of one); "torch" is torch.distributed's
+#: general path on the gloo group (what nccl and torch's mpi take).
+IN_PROCESS_BACKENDS = ["serial", "gloo", "torch", "mpi"]
+
+
+def open_comm(backend, monitor):
+    """Open an in-process communicator of backend (a world of one); gloo and torch need gloo_group."""
+    from spmd.placement import Placement
+
+    placement = Placement(rank=0, size=1, local_rank=0, local_size=1, node_rank=0, num_nodes=1, launcher="none")
+    if backend == "serial":
+        from spmd.comms.serial import SerialComm
+
+        return SerialComm(placement, monitor=monitor)
+    if backend == "mpi":
+        from mpi4py import MPI
+
+        from spmd.comms.mpi import MpiComm
+
+        return MpiComm(MPI.COMM_SELF, placement, 60.0, monitor)
+    from spmd.comms.gloo import GlooComm
+    from spmd.comms.torchdist import TorchComm
+
+    cls = GlooComm if backend == "gloo" else TorchComm
+    return cls("gloo", placement, timeout=60.0, monitor=monitor)
+
+
 @pytest.fixture(scope="module")
 def gloo_group():
     """torch.distributed's default group: gloo over a HashStore, a world of one (unless one is up)."""

@@ -15,6 +15,7 @@ import inspect
 
 import numpy as np
 import pytest
+from conftest import IN_PROCESS_BACKENDS, open_comm
 
 import spmd
 from spmd.comms.base import Comm, Layout
@@ -27,33 +28,15 @@ pytestmark = pytest.mark.unit
 torch = pytest.importorskip("torch")
 
 PLACEMENT = Placement(rank=0, size=1, local_rank=0, local_size=1, node_rank=0, num_nodes=1, launcher="none")
-BACKENDS = ["serial", "gloo", "torch", "mpi"]
+BACKENDS = IN_PROCESS_BACKENDS
 PATHS = ["direct", "general"]
-
-
-def _open(backend, monitor):
-    if backend == "serial":
-        from spmd.comms.serial import SerialComm
-
-        return SerialComm(PLACEMENT, monitor=monitor)
-    if backend == "mpi":
-        from mpi4py import MPI
-
-        from spmd.comms.mpi import MpiComm
-
-        return MpiComm(MPI.COMM_SELF, PLACEMENT, 60.0, monitor)
-    from spmd.comms.gloo import GlooComm
-    from spmd.comms.torchdist import TorchComm
-
-    cls = GlooComm if backend == "gloo" else TorchComm
-    return cls("gloo", PLACEMENT, timeout=60.0, monitor=monitor)
 
 
 @pytest.fixture(params=[(b, p) for b in BACKENDS for p in PATHS], ids=lambda bp: f"{bp[0]}-{bp[1]}")
 def comm(request, gloo_group):
     backend, path = request.param
     monitor = Monitor(debug=(path == "general"))
-    c = _open(backend, monitor)
+    c = open_comm(backend, monitor)
     assert c._mon.active == (path == "general")
     return c
 
@@ -325,7 +308,7 @@ def test_cuda_tensors_are_refused_on_cpu_backends_and_cpu_data_on_nccl(gloo_grou
     meta = torch.ones(2, device="meta")
     for backend in ("serial", "gloo", "mpi"):
         with pytest.raises(spmd.CollectiveError, match="works on CPU tensors"):
-            _open(backend, Monitor()).all_reduce(meta)
+            open_comm(backend, Monitor()).all_reduce(meta)
 
 
 # -- bookkeeping: one path for every call ----------------------------------------------------
@@ -525,7 +508,7 @@ def test_exchange_errors(comm):
 def test_the_trace_records_point_to_point_with_bytes_peer_and_tag(backend, gloo_group):
     from spmd.monitor import chrome_trace
 
-    c = _open(backend, Monitor(trace="unused.json"))
+    c = open_comm(backend, Monitor(trace="unused.json"))
     c.send(np.ones(10), 0, tag=6)
     c.recv(0, 6)
     events = [e for e in c._mon.events if e["name"] in ("send", "recv")]

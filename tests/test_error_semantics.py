@@ -13,18 +13,17 @@ import time
 
 import numpy as np
 import pytest
+from conftest import IN_PROCESS_BACKENDS, open_comm
 
 import spmd
 from spmd.errors import CollectiveError, CollectiveTimeout, CommunicationError, PeerLostError
 from spmd.monitor import Monitor
-from spmd.placement import Placement
 
 pytestmark = pytest.mark.unit
 
 torch = pytest.importorskip("torch")
 
-PLACEMENT = Placement(rank=0, size=1, local_rank=0, local_size=1, node_rank=0, num_nodes=1, launcher="none")
-BACKENDS = ["serial", "gloo", "torch", "mpi"]
+BACKENDS = IN_PROCESS_BACKENDS
 TORCH_BACKENDS = {"gloo", "torch"}  # those whose backend has a timeout of its own
 
 #: What torch 2.13's gloo raises (plain RuntimeErrors), as a 2-rank job printed them.
@@ -37,21 +36,7 @@ SCRIPT = "/home/u/timeout_study/train.py"
 
 
 def _open(backend, debug=False):
-    monitor = Monitor(debug=debug)
-    if backend == "serial":
-        from spmd.comms.serial import SerialComm
-
-        return SerialComm(PLACEMENT, monitor=monitor)
-    if backend == "mpi":
-        from mpi4py import MPI
-
-        from spmd.comms.mpi import MpiComm
-
-        return MpiComm(MPI.COMM_SELF, PLACEMENT, 60.0, monitor)
-    from spmd.comms.gloo import GlooComm
-    from spmd.comms.torchdist import TorchComm
-
-    return (GlooComm if backend == "gloo" else TorchComm)("gloo", PLACEMENT, timeout=60.0, monitor=monitor)
+    return open_comm(backend, Monitor(debug=debug))
 
 
 @pytest.fixture(params=BACKENDS)

@@ -6,18 +6,17 @@ from outside (docs/reliability.md, "The hub's threat model").
 """
 
 import os
-import queue
 import re
 import secrets
 import signal
 import socket
+import subprocess
 import threading
 import time
 
 import pytest
 
-from conftest import MPIRUN, PY, clean_env, finish, start
-from spmd import watchdog
+from conftest import MPIRUN, PY, clean_env, start
 from spmd.watchdog import MAX_PENDING, PEER_EXIT, Hub
 
 SIZE = 3  # rank 0 in this process, ranks 1 and 2 played by sockets
@@ -123,6 +122,16 @@ def closed_within(sock, seconds):
     return False
 
 
+def assert_a_rank_still_ends_the_job(hub, exits, rank=1):
+    """An authenticated rank is met, nothing has ended the job yet, and its FAIL does."""
+    sock = rank_socket(hub, rank)
+    assert wait_for(lambda: rank in hub._met)
+    time.sleep(0.1)
+    assert exits.empty()
+    sock.sendall(b"FAIL\n")
+    assert_abort(hub, exits, sock)
+
+
 def assert_abort(hub, exits, sock, died=None):
     """The hub ended the job: exit_now called once, and the rank on sock told ABORT."""
     code, message = exits.get(timeout=5)
@@ -190,12 +199,7 @@ def test_a_connection_without_the_secret_is_closed_within_a_second_and_its_fail_
     failing = _connect(hub.address)
     failing.sendall(b"FAIL\n")
     assert closed_within(failing, 5.0)
-    rank = rank_socket(hub, 1)
-    assert wait_for(lambda: 1 in hub._met)
-    time.sleep(0.1)
-    assert exits.empty()
-    rank.sendall(b"FAIL\n")
-    assert_abort(hub, exits, rank)
+    assert_a_rank_still_ends_the_job(hub, exits)
 
 
 @pytest.mark.unit
@@ -273,12 +277,7 @@ def test_only_ranks_are_told_abort_and_a_stranger_closing_is_no_death(hub, exits
     stranger.sendall(b"HELLO 1")  # half a greeting: pending
     quitter = _connect(hub.address)
     quitter.close()
-    rank = rank_socket(hub, 1)
-    assert wait_for(lambda: 1 in hub._met)
-    time.sleep(0.1)
-    assert exits.empty()
-    rank.sendall(b"FAIL\n")
-    assert_abort(hub, exits, rank)
+    assert_a_rank_still_ends_the_job(hub, exits)
     stranger.settimeout(5)
     assert stranger.recv(64) == b""  # closed at its deadline, never told ABORT
 
@@ -397,9 +396,20 @@ class _Reader:
         pytest.fail(f"no {pattern!r} within {seconds} s; output:\n{self.text[-4000:]}")
 
     def finish(self, seconds):
-        result = finish(self.proc, seconds)
+        """Wait for the process (killing its group past seconds) and return all it wrote.
+
+        Only this reader's thread reads the pipe: communicate() beside it would
+        split the output between the two readers and could tear a line.
+        """
+        try:
+            self.proc.wait(timeout=seconds)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=30)
+            self._thread.join(timeout=5)
+            pytest.fail(f"the job did not end within {seconds} s; output:\n{self.text[-4000:]}")
         self._thread.join(timeout=5)
-        return self.text + (result.stdout or "")
+        return self.text
 
 
 def _start_job(tmp_path, *mpirun_flags):

@@ -58,6 +58,13 @@ def test_tutorial_under_torchrun():
     assert_tutorial(result, 2, "gloo")
 
 
+def mpirun_script(tmp_path, text, *args):
+    """Write text as tmp_path/job.py and run it under mpirun -n 2 (the mpi backend); return the result."""
+    script = tmp_path / "job.py"
+    script.write_text(text)
+    return run([MPIRUN, "-n", 2, PY, script, *args], 110)
+
+
 @pytest.mark.launcher
 @pytest.mark.timeout(120)
 def test_torch_group_off_leaves_torch_distributed_uninitialised():
@@ -71,8 +78,7 @@ def test_torch_group_off_leaves_torch_distributed_uninitialised():
 def test_torch_group_on_imports_torch_and_auto_without_torch_does_not(tmp_path):
     # auto in a script that never imported torch: no group, no torch (a numpy-only script).
     # torch_group=True: torch is imported and the group started.
-    script = tmp_path / "job.py"
-    script.write_text(
+    text = (
         "import sys\nimport spmd\n"
         "on = sys.argv[1] == 'on'\n"
         "spmd.init(torch_group=True if on else None)\n"
@@ -81,7 +87,7 @@ def test_torch_group_on_imports_torch_and_auto_without_torch_does_not(tmp_path):
         "print('STATE', spmd.comm.backend, loaded, up, flush=True)\n"
     )
     for arg, state in (("auto", "mpi False False"), ("on", "mpi True True")):
-        result = run([MPIRUN, "-n", 2, PY, script, arg], 110)
+        result = mpirun_script(tmp_path, text, arg)
         assert result.returncode == 0, result.stdout[-4000:]
         assert re.findall(r"STATE (\w+ \w+ \w+)", result.stdout) == [state] * 2, (arg, result.stdout)
 
@@ -89,8 +95,8 @@ def test_torch_group_on_imports_torch_and_auto_without_torch_does_not(tmp_path):
 @pytest.mark.launcher
 @pytest.mark.timeout(120)
 def test_a_group_the_user_started_first_is_left_alone(tmp_path):
-    script = tmp_path / "job.py"
-    script.write_text(
+    result = mpirun_script(
+        tmp_path,
         "import os, torch, torch.distributed as dist\nimport spmd\n"
         "rank, size = int(os.environ['PMI_RANK']), int(os.environ['PMI_SIZE'])\n"
         f"store = dist.FileStore({str(tmp_path / 'store')!r}, size)\n"
@@ -102,26 +108,24 @@ def test_a_group_the_user_started_first_is_left_alone(tmp_path):
         "assert dist.is_initialized() and dist.group.WORLD is mine\n"
         "t = torch.ones(1)\ndist.all_reduce(t)\nassert t.item() == size, t\n"
         "del mine\ndist.destroy_process_group()\n"
-        "print('USER GROUP KEPT', rank, flush=True)\n"
+        "print('USER GROUP KEPT', rank, flush=True)\n",
     )
-    result = run([MPIRUN, "-n", 2, PY, script], 110)
     assert result.returncode == 0 and result.stdout.count("USER GROUP KEPT") == 2, result.stdout[-4000:]
 
 
 @pytest.mark.launcher
 @pytest.mark.timeout(120)
 def test_finalize_destroys_the_group_and_init_starts_a_new_one(tmp_path):
-    script = tmp_path / "job.py"
-    script.write_text(
+    result = mpirun_script(
+        tmp_path,
         "import torch, torch.distributed as dist\nimport spmd\n"
         "for round in range(2):\n"
         "    spmd.init()\n"
         "    t = torch.ones(1)\n    dist.all_reduce(t)\n    assert t.item() == spmd.comm.size\n"
         "    spmd.finalize()\n"
         "    assert not dist.is_initialized()\n"
-        "print('ROUNDS OK', flush=True)\n"
+        "print('ROUNDS OK', flush=True)\n",
     )
-    result = run([MPIRUN, "-n", 2, PY, script], 110)
     assert result.returncode == 0 and result.stdout.count("ROUNDS OK") == 2, result.stdout[-4000:]
 
 
