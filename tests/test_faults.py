@@ -94,6 +94,21 @@ def check(result, bound, *words, once=None):
         assert count == 1, f"{once!r} {count} times, not once, in:\n{out[-3000:]}"
 
 
+def play_killed(launcher, scenario, words, **kw):
+    """Play a scenario where a rank is SIGKILLed; return the run that printed words.
+
+    Under mpirun Hydra SIGKILLs the other ranks as soon as it sees one killed,
+    racing spmd's hub in rank 0 (docs/reliability.md): a run where only Hydra's
+    message came out must still have ended in time, and a second run must
+    print spmd's.
+    """
+    result = play(launcher, scenario, **kw)
+    if launcher == "mpirun" and words not in result.out and "Killed (signal 9)" in result.out:
+        check(result, CRASH)
+        result = play(launcher, scenario, **kw)
+    return result
+
+
 needs_mpirun = pytest.mark.skipif(MPIRUN is None, reason="mpirun not found: pip install mpich")
 
 
@@ -110,14 +125,7 @@ def test_a_rank_raises_before_a_collective(launcher):
 @pytest.mark.parametrize("launcher", LAUNCHERS)
 def test_a_rank_killed_inside_a_collective(launcher):
     words = "rank 1 of 3 died without reporting an error"
-    result = play(launcher, "sigkill", size=3)
-    if launcher == "mpirun" and words not in result[1] and "Killed (signal 9)" in result[1]:
-        # Hydra SIGKILLs the other ranks as soon as it sees one killed, racing spmd's
-        # hub in rank 0 (docs/reliability.md); the job still ended.  Our message must
-        # win at least one of two tries.
-        check(result, CRASH)
-        result = play(launcher, "sigkill", size=3)
-    check(result, CRASH, once=words)
+    check(play_killed(launcher, "sigkill", words, size=3), CRASH, once=words)
 
 
 @needs_mpirun
@@ -196,11 +204,8 @@ def test_rings_of_sends_do_not_deadlock_in_debug_mode(launcher):
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("launcher", LAUNCHERS)
 def test_a_peer_killed_while_a_rank_waits_in_recv_ends_the_job(launcher):
-    result = play(launcher, "p2p-kill")
-    if launcher == "mpirun" and "died without" not in result[1] and "Killed (signal 9)" in result[1]:
-        check(result, CRASH)  # hydra won the race to end the job (see the collective case)
-        return
-    check(result, CRASH, once="rank 1 of 2 died without reporting an error")
+    words = "rank 1 of 2 died without reporting an error"
+    check(play_killed(launcher, "p2p-kill", words), CRASH, once=words)
 
 
 @needs_mpirun
@@ -288,10 +293,7 @@ def test_the_first_rank_to_time_out_still_reports_where_the_others_were(launcher
 @pytest.mark.parametrize("launcher", LAUNCHERS)
 def test_a_rank_killed_while_the_others_wait_in_a_256_mib_gather(launcher):
     words = "rank 1 of 2 died without reporting an error"
-    result = play(launcher, "gather-kill")
-    if launcher == "mpirun" and words not in result.out and "Killed (signal 9)" in result.out:
-        check(result, CRASH)  # hydra won the race to end the job (see the collective case)
-        result = play(launcher, "gather-kill")
+    result = play_killed(launcher, "gather-kill", words)
     check(result, CRASH, words, once=words)
     assert "GATHERED" not in result.out, result.out[-3000:]  # it died inside the gather
 

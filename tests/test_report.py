@@ -12,6 +12,7 @@ import re
 import queue
 import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -19,7 +20,7 @@ import time
 import pytest
 
 from conftest import MPIRUN, PY, WORLDS, clean_env, finish, start, tool
-from spmd import abort, watchdog
+from spmd import abort
 from spmd.report import SignalReport, digest, normalise, stacks_text, where
 from spmd.watchdog import PEER_EXIT, WINDOW, Hub
 
@@ -384,9 +385,20 @@ def test_sigusr2_prints_where_every_rank_is_and_the_job_goes_on():
         if line.startswith("READY rank 1 pid "):
             os.kill(int(line.split()[-1]), signal.SIGUSR2)
             break
-    result = finish(proc, 200, "mpirun -n 2 report.py usr2")
-    out = "".join(lines) + result.stdout
-    assert result.returncode == 0, out[-4000:]
+    # The rest from the same file object: communicate() would read the pipe beneath
+    # it and lose what this iteration had already buffered.
+    rest = []
+    reader = threading.Thread(target=lambda: rest.append(proc.stdout.read()), daemon=True)
+    reader.start()
+    try:
+        code = proc.wait(timeout=200)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        pytest.fail("mpirun -n 2 report.py usr2 did not end within 200 s:\n" + "".join(lines)[-4000:])
+    reader.join(timeout=10)
+    out = "".join(lines + rest)
+    assert code == 0, out[-4000:]
     assert "### spmd: where the 2 ranks are (SIGUSR2 on rank 1)" in out, out[-4000:]
     assert "2 of 2 ranks are at tests/worlds/report.py:31 in <module>() (ranks 0, 1)" in out, out[-4000:]
     assert "DONE rank 0" in out and "DONE rank 1" in out, out[-4000:]
