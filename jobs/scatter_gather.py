@@ -5,13 +5,23 @@
     spmd run -n 4 jobs/scatter_gather.py --task standardize --verify
     mpirun -n 8 python jobs/scatter_gather.py --input data/ --output out.npy --chunk-rows 200000
 
-Rank 0 reads the input (a .npy file, a .csv file, a directory of .npy
-shards, or by default a synthetic table made from --seed) in rounds of
---chunk-rows rows, scatters each round's rows over the ranks, gathers
-the results in row order, checks record counts and checksums, and
-writes --output. The output is bitwise identical at every world size
-and chunking; --verify recomputes every round serially on rank 0 and
-exits with status 1 if anything differs.
+
+    mpirun -n 4 python jobs/scatter_gather.py --output out.npy --resume --balance speed
+
+The input (a .npy file, a .csv file, a directory of .npy shards, or by
+default a synthetic table made from --seed) is processed in rounds of
+--chunk-rows rows. Every rank reads its own rows where it can (a .npy
+file, shards, the synthetic table; rank 0 reads a .csv and scatters it:
+--read), the next round is read while this one is computed, each rank
+writes its rows into --output at their offsets where it can see the
+file (--write), and every block's record count and checksum are checked
+both ways. --balance shares each round out evenly, by each rank's free
+memory (or --memory-budget), or by each rank's measured speed.
+--resume keeps a journal beside --output; after a crash the same
+command with --resume continues at the first unfinished round, at any
+world size. The output is bitwise identical at every world size,
+chunking, balance and mode; --verify recomputes every round serially on
+rank 0 and exits with status 1 if anything differs.
 """
 
 import sys
@@ -19,8 +29,10 @@ import time
 
 import click
 
-from spmd import comm, tasks
-from spmd.pipeline import PipelineError, SyntheticTable, on_root, open_source, pipeline
+from spmd import comm, preempt, tasks
+from spmd.balance import MODES as BALANCES
+from spmd.errors import PipelinePreempted
+from spmd.pipeline import READS, WRITES, PipelineError, SyntheticTable, on_root, open_source, pipeline
 
 DEFAULT_ROWS = 1_000_000
 
@@ -52,21 +64,43 @@ def discard(start, block):
               help="Write the results here (rank 0) [default: keep only the checksum].")
 @click.option("--chunk-rows", type=click.IntRange(min=1), default=131072, show_default=True,
               help="Rows rank 0 reads and scatters per round; bounds its memory.")
+@click.option("--read", type=click.Choice(READS), default="auto", show_default=True,
+              help="parallel: every rank reads its own rows; root: rank 0 reads and scatters; auto: parallel where possible.")
+@click.option("--write", type=click.Choice(WRITES), default="auto", show_default=True,
+              help="parallel: every rank writes its rows into --output; root: rank 0 gathers and writes; auto: parallel where possible.")
+@click.option("--balance", type=click.Choice(BALANCES), default="even", show_default=True,
+              help="Share each round evenly, capped by each rank's memory, or by each rank's measured speed.")
+@click.option("--memory-budget", metavar="SIZE[,SIZE...]",
+              help="Bytes each rank may hold in rows (512M, 2G; one per rank, the last repeats) [default: free memory].")
+@click.option("--resume", is_flag=True,
+              help="Keep a journal beside --output and continue an interrupted run from its first unfinished round.")
+@click.option("--overlap/--no-overlap", default=True, show_default=True,
+              help="Read the next round and write the last one while this one is computed.")
 @click.option("--verify", is_flag=True, help="Recompute every round serially on rank 0 and compare.")
 @click.option("--progress/--no-progress", default=None,
               help="Progress bar on stderr [default: when stderr is a terminal].")
 @click.option("--quiet", is_flag=True, help="Print nothing but errors.")
-def main(input_path, rows, features, seed, task, output, chunk_rows, verify, progress, quiet):
+def main(input_path, rows, features, seed, task, output, chunk_rows, read, write, balance, memory_budget,
+         resume, overlap, verify, progress, quiet):
     if input_path is not None and rows is not None:
         raise click.UsageError("--rows sets the size of the synthetic table; it cannot be used with --input")
+    if resume and not output:
+        raise click.UsageError("--resume needs --output FILE.npy: the journal records the rounds written there")
+    if resume:
+        preempt.install()  # a preemption signal ends the run at a round's end, journal up to date
     started = time.perf_counter()
     show_progress = not quiet and (sys.stderr.isatty() if progress is None else progress)
     try:
         source = on_root(lambda: open_input(input_path, rows, features, seed))
         fn = tasks.build(task, source, seed=seed)
         prepared = time.perf_counter() - started
-        result = pipeline(fn, source, output=output or discard, chunk_rows=chunk_rows,
-                          verify=verify, progress=show_progress)
+        result = pipeline(fn, source, output=output or discard, chunk_rows=chunk_rows, verify=verify,
+                          progress=show_progress, read=read, write=write, balance=balance,
+                          memory=memory_budget, resume=resume, overlap=overlap)
+    except PipelinePreempted as exc:  # the journal is up to date: the requeued job resumes
+        if comm.rank == 0:
+            print(str(exc), file=sys.stderr, flush=True)
+        sys.exit(0)
     except PipelineError as exc:  # raised alike on every rank: say it once
         if comm.rank == 0:
             raise click.ClickException(str(exc)) from None

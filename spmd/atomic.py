@@ -47,7 +47,7 @@ import socket
 import sys
 
 __all__ = ["AtomicFile", "atomic_write", "atomic_path", "temporary_name", "stale_temporaries",
-           "remove_stale", "MARK"]
+           "remove_stale", "fsync_dir", "MARK"]
 
 MARK = ".spmd-tmp-"
 
@@ -131,7 +131,7 @@ def remove_stale(path, say=None):
     return removed
 
 
-def _fsync_dir(folder):
+def fsync_dir(folder):
     with contextlib.suppress(OSError):  # some file systems cannot open or sync a directory
         fd = os.open(folder, os.O_RDONLY)
         try:
@@ -195,7 +195,7 @@ class AtomicFile:
             self.discard()
             raise
         self.state = "committed"
-        _fsync_dir(self.folder)
+        fsync_dir(self.folder)
         return self.path
 
     def discard(self):

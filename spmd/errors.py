@@ -19,6 +19,8 @@ against the builtins keeps working.
     +-- PipelineError                   spmd.pipeline failed (same message on every rank)
     |   +-- PipelineValueError (ValueError) a value given to or returned in a pipeline cannot work
     |   +-- PipelineTypeError (TypeError)   an object given to or returned in a pipeline has the wrong type
+    |   +-- PipelineJournalError            a resume journal is in the way or does not match the run
+    |   +-- PipelinePreempted               stopped at a round's end on the preemption signal; resumable
     +-- SourceError (ValueError)        a pipeline's input cannot be read or is inconsistent
     |   +-- SourceTypeError (TypeError)   an object that is no input at all
     +-- TaskError (ValueError)          spmd.tasks: a task unknown, registered twice or given the wrong rows
@@ -44,6 +46,8 @@ __all__ = [
     "PipelineError",
     "PipelineValueError",
     "PipelineTypeError",
+    "PipelineJournalError",
+    "PipelinePreempted",
     "SourceError",
     "SourceTypeError",
     "TaskError",
@@ -112,6 +116,14 @@ class PipelineValueError(PipelineError, ValueError):
 
 class PipelineTypeError(PipelineError, TypeError):
     """An object given to the pipeline, or returned by its fn, has the wrong type."""
+
+
+class PipelineJournalError(PipelineError):
+    """A resume journal is in the way (a run without resume) or does not match this run."""
+
+
+class PipelinePreempted(PipelineError):
+    """A resumable pipeline stopped at the end of a round because the preemption signal came."""
 
 
 class SourceError(SpmdError, ValueError):

@@ -47,7 +47,7 @@ from typing import Callable
 from .errors import SettingsError, SpmdTypeError
 from .settings import parse_preempt_signal
 
-__all__ = ["on_preempt", "preempted", "any_preempted", "install", "signal_number", "reset"]
+__all__ = ["on_preempt", "preempted", "flagged", "any_preempted", "install", "signal_number", "reset"]
 
 _lock = threading.RLock()
 _callbacks: list[Callable[[], object]] = []
@@ -119,6 +119,11 @@ def on_preempt(fn: Callable[[], object]) -> Callable[[], object]:
     if came:
         _run_callbacks([fn])
     return fn
+
+
+def flagged() -> bool:
+    """Tell whether the signal has come, without installing the handler (False if none is installed)."""
+    return _state["flag"]
 
 
 def preempted() -> bool:

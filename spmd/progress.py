@@ -76,10 +76,30 @@ class Result:
     verified: object = None
     mismatched_rows: int = 0
     first_mismatch: object = None
+    #: Seconds each rank was busy (reading, fn, writing; waiting excluded): the speed balance's measure.
+    busy_per_rank: list = None
+    #: "crc32c" or "crc32" (spmd.checksum): the kind of checksum and input_checksum.
+    checksum_kind: str = "crc32"
+    #: "parallel" (every rank read its own rows) or "root" (root read and scattered).
+    read_mode: str = "root"
+    #: "parallel" (every rank wrote its rows into the .npy), "root", "memory" or "callable".
+    write_mode: str = "root"
+    balance: str = "even"
+    overlap: bool = True
+    #: Rows and rounds a journal said were done before this run (resume=True), not read again.
+    resumed_rows: int = 0
+    resumed_rounds: int = 0
+    #: Why a mode other than the fastest was used, one line each.
+    notes: tuple = ()
+
+    @property
+    def rows_processed(self):
+        """Rows read and computed by this run (a resumed run skips the journal's)."""
+        return sum(self.rows_per_rank)
 
     @property
     def rows_per_second(self):
-        return self.rows / self.total_s if self.total_s > 0 else float("inf")
+        return self.rows_processed / self.total_s if self.total_s > 0 else float("inf")
 
     def summary(self):
         """Return a few lines for people: sizes, phases, throughput, checksum."""
@@ -92,8 +112,14 @@ class Result:
             f"seconds: {phases}; total {self.total_s:.3f}",
             f"{self.rows_per_second:,.0f} rows/s; processing per rank: slowest "
             f"{max(self.process_per_rank):.3f} s, fastest {min(self.process_per_rank):.3f} s",
-            f"checksum crc32 {self.checksum:08x} (input {self.input_checksum:08x})",
+            f"read {self.read_mode}, write {self.write_mode}, balance {self.balance}, "
+            f"overlap {'on' if self.overlap else 'off'}; rows per rank {', '.join(map(str, self.rows_per_rank))}",
+            f"checksum {self.checksum_kind} {self.checksum:08x} (input {self.input_checksum:08x})",
         ]
+        if self.resumed_rows:
+            lines.append(f"resumed at row {self.resumed_rows} ({_plural(self.resumed_rounds, 'round')} done before); "
+                         f"this run read and computed {self.rows_processed} rows")
+        lines += [f"note: {n}" for n in self.notes]
         if self.verified is not None:
             lines.append(
                 "verify: serial recomputation identical"

@@ -3,10 +3,21 @@
 A source is any object with ``shape``, ``dtype`` and ``read(start, stop)``
 returning rows ``start:stop`` as a numpy array; :func:`open_source` makes
 one from an array or a path.
+
+A source that every rank can read itself says so with ``every_rank =
+True`` and must pickle to something that opens the same rows on
+another rank (a path, a seed): the pipeline then sends it to every rank
+and each reads its own rows, instead of root reading them all and
+scattering them. Here that is :class:`NpySource`, :class:`ShardSource`
+(on a file system every rank sees) and :class:`SyntheticTable`; an
+array in root's memory and a .csv file (read line by line) are read by
+root alone. :func:`fingerprint` identifies a source's content cheaply,
+for a resume journal.
 """
 
 import os
 import re
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -14,11 +25,13 @@ import numpy as np
 from .comms.arrays import is_tensor
 from .errors import SourceError, SourceTypeError
 
-__all__ = ["open_source", "ArraySource", "NpySource", "ShardSource", "CsvSource", "SyntheticTable"]
+__all__ = ["open_source", "ArraySource", "NpySource", "ShardSource", "CsvSource", "SyntheticTable", "fingerprint"]
 
 
 class ArraySource:
     """Rows of an array in memory."""
+
+    every_rank = False
 
     def __init__(self, array):
         if is_tensor(array):
@@ -39,6 +52,8 @@ class ArraySource:
 class NpySource:
     """Rows of a .npy file, memory-mapped: only the rows read are loaded."""
 
+    every_rank = True
+
     def __init__(self, path):
         self.path = Path(path)
         try:
@@ -53,6 +68,9 @@ class NpySource:
         """Return rows start to stop (exclusive), copied into memory."""
         return np.array(self._map[start:stop])
 
+    def __reduce__(self):
+        return (type(self), (os.fspath(self.path),))
+
     def __repr__(self):
         return f"<NpySource {self.path} {self.shape} {self.dtype}>"
 
@@ -64,6 +82,8 @@ def _natural(name):
 class ShardSource:
     """Rows of a directory of .npy shards, concatenated in natural name order
     (part2 before part10); shards must agree in dtype and row shape."""
+
+    every_rank = True
 
     def __init__(self, directory):
         self.directory = Path(directory)
@@ -94,6 +114,9 @@ class ShardSource:
             return np.empty((0,) + self.shape[1:], self.dtype)
         return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
 
+    def __reduce__(self):
+        return (type(self), (os.fspath(self.directory),))
+
     def __repr__(self):
         return f"<ShardSource {self.directory} {len(self.shards)} shards {self.shape} {self.dtype}>"
 
@@ -101,6 +124,8 @@ class ShardSource:
 class CsvSource:
     """Rows of a numeric .csv file (comma-separated; a non-numeric first line is
     a header), parsed as float64. Reads are fastest in increasing row order."""
+
+    every_rank = False
 
     def __init__(self, path, dtype=np.float64):
         self.path, self.dtype = Path(path), np.dtype(dtype)
@@ -168,6 +193,7 @@ class SyntheticTable:
     """
 
     BLOCK = 65536
+    every_rank = True
 
     def __init__(self, rows=1_000_000, features=16, seed=0):
         if rows < 0 or features < 1:
@@ -197,8 +223,38 @@ class SyntheticTable:
             return np.empty((0, self.features), self.dtype)
         return pieces[0].copy() if len(pieces) == 1 else np.concatenate(pieces)
 
+    def __reduce__(self):
+        return (type(self), (self.rows, self.features, self.seed))
+
+    def fingerprint(self):
+        """The table's identity: its size and seed (its rows follow from them)."""
+        return f"synthetic {self.rows}x{self.features} seed {self.seed}"
+
     def __repr__(self):
         return f"<SyntheticTable {self.rows} x {self.features}, seed {self.seed}>"
+
+
+#: Rows fingerprint reads, evenly spaced from the first to the last.
+SAMPLES = 17
+
+
+def fingerprint(source):
+    """Return a hex digest of source's shape, dtype and SAMPLES rows spread over it.
+
+    Cheap (a few rows read), and enough to tell another input, or the
+    same file changed in most ways, from the one a journal was made from.
+    A source with a ``fingerprint()`` method of its own (a synthetic
+    table: its size and seed) gives that instead.
+    """
+    own = getattr(source, "fingerprint", None)
+    if callable(own):
+        return str(own())
+    rows = int(source.shape[0])
+    crc = zlib.crc32(repr((tuple(int(n) for n in source.shape), str(np.dtype(source.dtype)))).encode())
+    picks = sorted({rows - 1 if k == SAMPLES - 1 else k * rows // SAMPLES for k in range(SAMPLES)}) if rows else []
+    for i in picks:
+        crc = zlib.crc32(np.ascontiguousarray(source.read(i, i + 1)).tobytes(), crc)
+    return f"{crc:08x}"
 
 
 def open_source(spec):

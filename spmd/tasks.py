@@ -107,7 +107,10 @@ def build(name, source=None, *, seed=0, comm=None, root=0):
         return src.shape[1], column_stats(src) if task.needs_stats else None
 
     features, stats = on_root(describe, comm=comm, root=root, share=True)
-    return task.make(features, seed, stats)
+    fn = task.make(features, seed, stats)
+    # what a resume journal records as the task (spmd.journal): name, seed and input width
+    fn.spmd_task = f"{name} seed {seed} features {features}"
+    return fn
 
 
 def fixed_batches(compute, features, dtype, batch=BATCH):
