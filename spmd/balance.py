@@ -45,36 +45,37 @@ FLOOR = 0.05
 def split(n, weights, caps=None):
     """Split n rows over ranks in proportion to weights, none above its cap; return the counts.
 
-    Largest remainders, ties to the lower rank; rows a capped rank cannot
-    take go to the others in proportion. Returns fewer than n rows in
-    all only when the caps add up to less than n.
+    A rank whose share would pass its cap gets its cap, and the rest is
+    split among the others in proportion (water-filling); whole rows go
+    by largest remainder, ties to the lower rank. Returns fewer than n
+    rows in all only when the caps add up to less than n.
     """
     size = len(weights)
     caps = [n] * size if caps is None else [max(0, int(c)) for c in caps]
     counts = [0] * size
     left = min(n, sum(caps))
     open_ranks = [r for r in range(size) if caps[r] > 0]
-    while left > 0 and open_ranks:
+    while open_ranks:
         total = sum(max(weights[r], 0.0) for r in open_ranks)
-        if total <= 0:
-            shares = {r: left / len(open_ranks) for r in open_ranks}
-        else:
+        if total > 0:
             shares = {r: left * max(weights[r], 0.0) / total for r in open_ranks}
-        whole = {r: int(shares[r]) for r in open_ranks}
-        rest = left - sum(whole.values())
-        by_remainder = sorted(open_ranks, key=lambda r: (-(shares[r] - whole[r]), r))
-        for r in by_remainder[:rest]:
-            whole[r] += 1
-        full = []
-        for r in open_ranks:
-            take = min(whole[r], caps[r] - counts[r])
-            counts[r] += take
-            left -= take
-            if counts[r] >= caps[r]:
-                full.append(r)
-        if not full:
+        else:
+            shares = {r: left / len(open_ranks) for r in open_ranks}
+        over = [r for r in open_ranks if shares[r] > caps[r]]
+        if not over:
             break
-        open_ranks = [r for r in open_ranks if r not in full]
+        for r in over:
+            counts[r] = caps[r]
+            left -= caps[r]
+        open_ranks = [r for r in open_ranks if r not in over]
+    if not open_ranks:
+        return counts
+    whole = {r: int(shares[r]) for r in open_ranks}
+    rest = left - sum(whole.values())
+    for r in sorted(open_ranks, key=lambda r: (-(shares[r] - whole[r]), r))[:rest]:
+        whole[r] += 1
+    for r in open_ranks:
+        counts[r] = whole[r]
     return counts
 
 

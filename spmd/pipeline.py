@@ -68,7 +68,8 @@ import numpy as np
 
 from . import checksum, preempt
 from .balance import MODES as BALANCES, Planner, free_memory, parse_budget
-from .errors import PipelineError, PipelineJournalError, PipelinePreempted, PipelineValueError
+from .errors import (PipelineError, PipelineJournalError, PipelinePreempted, PipelineTypeError,
+                     PipelineValueError)
 from .journal import Journal, differences, journal_path
 from .progress import PHASES, Bar, Laps, Result
 from .rounds import Reader, Status, Writer, apply, as_numpy, describe
@@ -93,6 +94,7 @@ __all__ = [
 ]
 
 READS = ("auto", "parallel", "root")
+_ERRORS = {e.__name__: e for e in (PipelineError, PipelineJournalError, PipelineValueError, PipelineTypeError)}
 WRITES = ("auto", "parallel", "root")
 
 
@@ -181,15 +183,19 @@ class _Root:
                 "in_row_bytes": np.dtype(src.dtype).itemsize * int(np.prod(src.shape[1:], dtype=np.int64)),
                 "shared": None, "checksum": checksum.kind(), "forced": checksum.forced(),
             }
+            plan["why_root"] = "read='root'" if read == "root" else "the source is read by root alone"
             if read != "root" and getattr(src, "every_rank", False):
-                plan["shared"] = pickle.dumps(src)
+                try:
+                    plan["shared"] = pickle.dumps(src)
+                except Exception as exc:  # a local class, an open handle: root reads it
+                    plan["why_root"] = f"the source does not pickle ({describe(exc)})"
             if self.sink.positional:
                 self._journal(output, resume, plan, src, _task_name(self.fn, task))
             return ("ok", plan)
-        except PipelineJournalError as exc:
-            return ("journal", str(exc))
+        except PipelineError as exc:  # spmd's own word on the arguments or the journal: as it is
+            return ("error", str(exc), type(exc).__name__)
         except Exception as exc:
-            return ("error", f"cannot open the input: {describe(exc)}")
+            return ("error", f"cannot open the input: {describe(exc)}", "PipelineError")
         finally:
             self.lap("load")
 
@@ -355,7 +361,7 @@ class _Run:
             self.read_mode = "parallel"
             return
         if self.plan["shared"] is None:
-            why = "the source is read by root alone" if self.read != "root" else "read='root'"
+            why = self.plan["why_root"]
         else:
             why = f"rank {cannot[0][0]} cannot open the source ({cannot[0][1]})"
         if self.read == "parallel":
@@ -691,8 +697,7 @@ def pipeline(fn, source, *, output=None, chunk_rows=None, verify=False, progress
     boss = _Root(comm, fn, verify, lap) if comm.rank == root else None
     plan = comm.broadcast_object(boss and boss.open(source, output, chunk_rows, progress, read, resume, task), root)
     if plan[0] != "ok":
-        error = PipelineJournalError if plan[0] == "journal" else PipelineError
-        raise error(f"pipeline: on rank {root}: {plan[1]}")
+        raise _ERRORS[plan[2]](f"pipeline: on rank {root}: {plan[1]}")
     plan = plan[1]
     plan["journal"] = journal_path(output) if plan["positional"] else None
     run = _Run(comm, fn, root, boss, plan, lap, (read, write, balance, memory, verify, overlap))

@@ -1,0 +1,43 @@
+"""A slow resumable pipeline, to be killed with SIGKILL halfway and run again (tests/test_pipeline_v2.py).
+
+    python resumable.py OUTPUT ROWS CHUNK [SECONDS_PER_ROUND]
+
+Every rank reads its own rows of a synthetic table (counted), doubles
+them after a pause, and writes them into OUTPUT with resume=True. Rank 0
+prints "RESUMED <rows> ROUNDS <n> PROCESSED <rows> READ <rows>" at the
+end, READ being the rows every rank read in this run, added up.
+"""
+
+import sys
+import time
+
+import numpy as np
+
+from spmd import comm
+from spmd.pipeline import SyntheticTable, pipeline
+
+output, rows, chunk = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+pause = float(sys.argv[4]) if len(sys.argv) > 4 else 0.05
+read_rows = [0]
+
+
+class Counted(SyntheticTable):
+    """A synthetic table that counts the rows this rank reads."""
+
+    def read(self, start, stop):
+        read_rows[0] += stop - start
+        return super().read(start, stop)
+
+
+def double_slowly(block):
+    time.sleep(pause)
+    return block * np.float32(2)
+
+
+source = Counted(rows, 4, seed=7) if comm.rank == 0 else None
+result = pipeline(double_slowly, source, output=output, chunk_rows=chunk, resume=True, task="double slowly")
+total_read = sum(comm.all_gather_object(read_rows[0]))
+if comm.rank == 0:
+    print(result.summary(), flush=True)
+    print(f"RESUMED {result.resumed_rows} ROUNDS {result.resumed_rounds} PROCESSED {result.rows_processed} "
+          f"READ {total_read} MODE {result.read_mode}/{result.write_mode}", flush=True)
