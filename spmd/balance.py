@@ -17,11 +17,16 @@ memory
     of input and output rows. Rows a capped rank cannot take go to the
     others; a round shrinks when all are full.
 speed
-    shares follow each rank's measured rows per second (read, fn and
-    write; waiting excluded) in the rounds before, smoothed
-    (:data:`SMOOTHING`); the first round is even. A rank keeps at least
-    :data:`FLOOR` of the fastest one's rate, so it is still measured.
-    Memory caps apply too when a budget is given.
+    shares follow each rank's measured rows per second in the rounds
+    before (rows over the time from one exchange of statuses to its part
+    of the next: its reading, fn, writing and, on root, the gathering
+    and checks; waiting for root's scatter excluded), smoothed
+    (:data:`SMOOTHING`). A round is planned while the one before is
+    still running (its rows are read ahead), so the first two rounds are
+    even, before anything is measured: they are made small (a
+    :data:`PROBE`-th of ``chunk_rows``) so that little work is shared out
+    blind. A rank keeps at least :data:`FLOOR` of the fastest one's rate,
+    so it is still measured. Memory caps apply too when a budget is given.
 
 The output does not depend on the shares: fn computes every row on its own.
 """
@@ -40,6 +45,8 @@ IN_FLIGHT = 2
 SMOOTHING = 0.6
 #: The least share of the fastest rank's rate a rank is given.
 FLOOR = 0.05
+#: speed: the first IN_FLIGHT rounds, planned before any is measured, have chunk_rows // PROBE rows.
+PROBE = 8
 
 
 def split(n, weights, caps=None):
@@ -158,6 +165,7 @@ class Planner:
         self.in_row, self.out_row = max(int(in_row_bytes), 1), max(int(in_row_bytes), 1)
         self.budgets = budgets if mode == "memory" or (budgets and any(b is not None for b in budgets)) else None
         self.rates = [None] * size
+        self.planned = 0
 
     def caps(self):
         """Return the rows each rank's memory holds per round, or None without budgets."""
@@ -176,6 +184,9 @@ class Planner:
     def plan(self, rows_left):
         """Return this round's per-rank row counts (their sum is the round's rows)."""
         n = min(self.chunk, rows_left)
+        self.planned += 1
+        if self.mode == "speed" and self.planned <= IN_FLIGHT:
+            n = min(n, max(self.chunk // PROBE, self.size))
         caps = self.caps()
         if caps is not None:
             caps = [n if c is None else c for c in caps]

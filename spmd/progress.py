@@ -76,7 +76,7 @@ class Result:
     verified: object = None
     mismatched_rows: int = 0
     first_mismatch: object = None
-    #: Seconds each rank was busy (reading, fn, writing; waiting excluded): the speed balance's measure.
+    #: Seconds each rank took for its parts of the rounds (spmd.balance): the speed balance's measure.
     busy_per_rank: list = None
     #: "crc32c" or "crc32" (spmd.checksum): the kind of checksum and input_checksum.
     checksum_kind: str = "crc32"

@@ -10,7 +10,7 @@ release the GIL, so the threads do overlap the main thread's work.
 
 :class:`Status` is what a rank tells every other after a round: its
 error if any, its rows and their checksums, what fn returned, and how
-long the rank was busy (reading, fn, writing: the speed balance's
+long the rank took for its part of the round (the speed balance's
 measure).
 """
 
@@ -42,7 +42,7 @@ class Status(NamedTuple):
     dtype: str = ""
     out_crc: int = 0
     seconds: float = 0.0  # fn alone
-    busy: float = 0.0  # read + fn + write
+    busy: float = 0.0  # since the last exchange of statuses, less any wait for root's scatter
     preempted: bool = False
 
 

@@ -114,11 +114,22 @@ _POSITIVE = click.FloatRange(min=0, min_open=True)
               help="Measure start-up instead: separate mpirun launches (not under a launcher).")
 @click.option("--startup-ranks", default=8, show_default=True, type=click.IntRange(min=1),
               help="Ranks of each start-up launch.")
-@click.option("--repeats", default=5, show_default=True, type=click.IntRange(min=1),
-              help="Start-up launches per scenario.")
+@click.option("--repeats", type=click.IntRange(min=1),
+              help="Start-up launches per scenario [default: 5]; --pipeline: launches per case [default: 3].")
 @click.option("--script", type=click.Path(exists=True, dir_okay=False),
               help="Start-up: time to the first collective of this script "
                    "[default: jobs/scatter_gather.py, else jobs/collectives.py, if present].")
+@click.option("--pipeline", is_flag=True,
+              help="Measure spmd.pipeline instead, against an mpi4py loop, Pool.imap and MPIPoolExecutor "
+                   "(separate launches, not under a launcher).")
+@click.option("--pipeline-ranks", default="1,2,4,8", show_default=True, help="--pipeline: rank counts.")
+@click.option("--scenarios", default="table", show_default=True,
+              help="--pipeline: comma-separated table (every case at every rank count), busy (balance even "
+                   "against speed beside a busy process), memory (root's peak at --memory-rows).")
+@click.option("--rows", "pipeline_rows", default=1_000_000, show_default=True, type=click.IntRange(min=1),
+              help="--pipeline: input rows.")
+@click.option("--memory-rows", default="1000000,10000000", show_default=True,
+              help="--pipeline memory scenario: input sizes.")
 @click.option("--memory", is_flag=True,
               help="Measure memory instead: the extra peak memory of one all_reduce of the largest "
                    "size (--max-size or --sizes), whole and with chunk_bytes=--chunk.")
@@ -136,8 +147,13 @@ def bench(ctx, **opts):
     """
     if opts["memory"] and (opts["startup"] or opts["alone"]):
         raise click.UsageError("--memory runs in a launched world: leave out --startup and --alone")
+    if opts["startup"] and opts["pipeline"]:
+        raise click.UsageError("--startup and --pipeline are separate benchmarks: choose one")
     if opts["startup"]:
-        _startup(opts["startup_ranks"], opts["repeats"], opts["script"], opts["json_path"], opts["quiet"])
+        _startup(opts["startup_ranks"], opts["repeats"] or 5, opts["script"], opts["json_path"], opts["quiet"])
+        return
+    if opts["pipeline"]:
+        _pipeline(opts)
         return
     settings = _settings(opts)
     if opts["cpu_clock"] and not opts["alone"]:
@@ -214,6 +230,42 @@ def _memory(world, settings, opts):
     click.echo(memory.memory_table(rows))
     if opts["json_path"]:
         write_json(opts["json_path"], {"schema": "spmd-bench-memory/1", "rows": rows})
+        click.echo(f"wrote {opts['json_path']}", err=True)
+
+
+def _pipeline(opts):
+    from ..bench import pipeline as pb
+    from ..bench.report import write_json
+
+    scenarios = _names(opts["scenarios"], ("table", "busy", "memory"), "scenario")
+    try:
+        ranks = tuple(int(n) for n in opts["pipeline_ranks"].split(",") if n.strip())
+        sizes = tuple(int(float(n)) for n in opts["memory_rows"].split(",") if n.strip())
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    progress = None if opts["quiet"] else (lambda line: click.echo(line, err=True))
+    repeats, rows = opts["repeats"] or 3, opts["pipeline_rows"]
+    doc = {"schema": "spmd-bench-pipeline/1", "load_average_start": list(os.getloadavg()), "rows": rows,
+           "chunk_rows": pb.CHUNK}
+    try:
+        if "table" in scenarios:
+            doc["table"] = pb.measure(ranks, repeats, rows, progress=progress)
+            click.echo(pb.table(doc["table"]))
+            if opts["plot_path"]:
+                pb.plot(doc["table"], opts["plot_path"], f"spmd bench --pipeline: {rows:,} rows, mlp, "
+                        f"{os.cpu_count()} cores")
+                click.echo(f"wrote {opts['plot_path']}", err=True)
+        if "busy" in scenarios:
+            doc["busy"] = pb.busy(max(repeats, 3), rows, progress=progress)
+            click.echo(pb.busy_table(doc["busy"]))
+        if "memory" in scenarios:
+            doc["memory"] = pb.memory(sizes, progress=progress)
+            click.echo(pb.memory_table(doc["memory"]))
+    except (SpmdError, subprocess.TimeoutExpired) as exc:
+        raise click.ClickException(str(exc)) from None
+    doc["load_average_end"] = list(os.getloadavg())
+    if opts["json_path"]:
+        write_json(opts["json_path"], doc)
         click.echo(f"wrote {opts['json_path']}", err=True)
 
 
