@@ -411,3 +411,48 @@ def _srun_fault(cluster, where, scenario, extra):
         f"{result.stdout}\n--- log:\n{log}"
     assert "ready" in times and "gone" in times, f"{times}\n{log}"
     return result, log, times["gone"] - times["ready"]
+
+
+# Issue 14: a resumable pipeline killed with SIGKILL halfway through under srun, then
+# submitted again at another size: it continues at the first unfinished round, reads and
+# computes only the rest (counted), and the output has the bytes of an uninterrupted run.
+
+
+@pytest.mark.timeout(400)
+def test_a_pipeline_killed_halfway_under_srun_resumes_at_another_size(cluster, tmp_path):
+    from test_pipeline_v2 import CHUNK, ROWS, check_resumed
+
+    from spmd import journal
+    from spmd.sinks import partial_path
+
+    out = tmp_path / "out.npy"
+    mark = f"spmd-resume-{uuid.uuid4().hex[:12]}"
+    env = env_for(cluster, SPMD_RESUME_MARK=mark)
+    script = [WORLDS / "resumable.py", out, ROWS, CHUNK]
+    first = start([SUBMIT, "--wait", "--tail", "0", "-N", "2", "--ntasks-per-node", "1", "-t", "5", *script],
+                  env, cwd=tmp_path)
+    deadline, done, victims = time.monotonic() + 200, 0, {}
+    while time.monotonic() < deadline and first.poll() is None:
+        try:
+            done = len(open(journal.journal_path(out)).read().splitlines()) - 1
+        except FileNotFoundError:
+            done = 0
+        if done >= ROWS // CHUNK // 2:
+            victims = {pid: c for pid, c in marked(mark).items()  # the ranks, not bin/submit
+                       if c.startswith(PY) and "resumable.py" in c and "spmd.cli.submit" not in c}
+            for pid in victims:
+                try:
+                    os.kill(pid, 9)
+                except ProcessLookupError:
+                    pass
+            break
+        time.sleep(0.01)
+    result = finish(first, 200, "the first, killed, job")
+    assert len(victims) == 2, f"journal rounds {done}, victims {victims}\n{result.stdout[-3000:]}"
+    assert result.returncode != 0 and not out.exists() and partial_path(out).exists(), result.stdout[-3000:]
+    assert not left_behind(mark, grace=15), "the killed job left processes behind"
+    result, job_id, log = submit(cluster, tmp_path, "-N", "3", "--ntasks-per-node", "1", "-t", "5", *script,
+                                 timeout=240, env=env)
+    assert result.returncode == 0, f"{result.stdout}\n--- log:\n{log}"
+    check_resumed(subprocess.CompletedProcess([], 0, log, ""), out)
+    assert "3 ranks, backend gloo" in log, log  # bin/submit's default backend
