@@ -231,7 +231,7 @@ class Ranks:
         shape, dtype = (tuple(out.shape[1:]), str(out.dtype)) if out is not None else ((), "")
         return Status(error, pending, rows, in_crc, shape, dtype, out_crc, seconds, busy, preempt.flagged())
 
-    def finish_round(self, a, b, shares, statuses, got):
+    def finish_round(self, a, b, shares, statuses, got, into=None):
         """Root: check what came back, join the checksums, hand the round to the output; the bar."""
         boss, crc, lap = self.boss, self.crc, self.lap
         if boss.pending is not None:
@@ -317,15 +317,16 @@ class Ranks:
                 if self.write_mode == "parallel":
                     error, _ = self.write_own(a, shares, out)
                     check_statuses(comm.all_gather_object(Status(error=error)), a, b, self.size, self.root)
-            got = None
-            if self.write_mode != "parallel":
-                got = comm.gather(out, self.root)
+            got = into = None
+            if self.write_mode != "parallel":  # into one round-sized array on root: no concatenation
+                into = np.empty((b - a,) + self.empty.shape[1:], self.empty.dtype) if boss else None
+                got = comm.gather(out, self.root, out=into)
                 if boss:
                     lap("gather")
             if boss:
                 if boss.writer is None:  # a user's callable output runs in the main thread
                     boss.writer = Writer(boss.write, self.overlap and isinstance(boss.sink, (NpyFile, Collect)))
-                self.finish_round(a, b, shares, statuses, got)
+                self.finish_round(a, b, shares, statuses, got, into)
             for r, s in enumerate(statuses):
                 self.rank_rows[r] += s.rows
                 self.rank_secs[r] += s.seconds
@@ -341,6 +342,8 @@ class Ranks:
                     "run the same command with resume=True (--resume) to continue")
             if nxt is None:
                 return
+            # this round's rows go before the next round's come: two rounds in memory, not three
+            part = out = got = into = None
             pos, shares = b, nxt
 
     # -- after the last round --

@@ -205,23 +205,36 @@ class SyntheticTable:
         self.scale = rng.uniform(0.5, 3.0, self.features).astype(np.float32)
         self._cached = (None, None)
 
+    def _generate(self, k, out):
+        """Fill out with block k's rows (generated in place: no temporaries)."""
+        np.random.default_rng([self.seed, 1, k]).standard_normal(out.shape, dtype=np.float32, out=out)
+        out *= self.scale  # the same values as z * scale + loc
+        out += self.loc
+        return out
+
     def _block(self, k):
         if self._cached[0] != k:
             n = min(self.BLOCK, self.rows - k * self.BLOCK)
-            z = np.random.default_rng([self.seed, 1, k]).standard_normal((n, self.features), dtype=np.float32)
-            self._cached = (k, z * self.scale + self.loc)
+            self._cached = (None, None)  # the old block's memory goes before the new one's comes
+            self._cached = (k, self._generate(k, np.empty((n, self.features), np.float32)))
         return self._cached[1]
 
     def read(self, start, stop):
-        """Return rows start to stop (exclusive)."""
+        """Return rows start to stop (exclusive).
+
+        Whole blocks are generated straight into the result; a block cut
+        by start or stop is kept, for the next read that starts in it.
+        """
         stop = min(stop, self.rows)
-        pieces = []
+        out = np.empty((max(stop - start, 0), self.features), self.dtype)
         for k in range(start // self.BLOCK, (stop - 1) // self.BLOCK + 1 if stop > start else 0):
-            lo = k * self.BLOCK
-            pieces.append(self._block(k)[max(start - lo, 0) : stop - lo])
-        if not pieces:
-            return np.empty((0, self.features), self.dtype)
-        return pieces[0].copy() if len(pieces) == 1 else np.concatenate(pieces)
+            lo, hi = k * self.BLOCK, min((k + 1) * self.BLOCK, self.rows)
+            a, b = max(start, lo), min(stop, hi)
+            if (a, b) == (lo, hi):
+                self._generate(k, out[a - start : b - start])
+            else:
+                out[a - start : b - start] = self._block(k)[a - lo : b - lo]
+        return out
 
     def __reduce__(self):
         return (type(self), (self.rows, self.features, self.seed))
