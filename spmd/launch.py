@@ -4,7 +4,9 @@ No MPI is needed: the launcher sets ``SPMD_*``, ``MASTER_ADDR`` and
 ``MASTER_PORT`` for each child, hands rank 0 an already listening socket
 (``SPMD_LISTEN_FD``) so that concurrent launches never race for a port,
 prefixes every output line with its rank, and stops the whole job as soon
-as one rank fails.  Only the standard library is imported here.
+as one rank fails.  With ``preload`` the ranks are forked from one process
+that imported those modules first (spmd.preload), under the same
+supervision.  Only the standard library is imported here.
 """
 
 import os
@@ -17,6 +19,7 @@ import time
 
 from .errors import LaunchError, RendezvousError
 from .output import prefix as line_tag
+from .preload import ForkServer, death_signal
 from .watchdog import PEER_EXIT
 
 __all__ = ["launch", "child_env", "STRIPPED"]
@@ -75,37 +78,59 @@ def child_env(rank, size, *, port, master_addr="127.0.0.1", backend=None,
 
 
 def launch(argv, nprocs, *, backend=None, prefix=None, timeout=None,
-           master_addr="127.0.0.1", runner=("-m", "spmd"), env=None):
-    """Run ``python *runner *argv`` as ``nprocs`` ranks; return exit code."""
+           master_addr="127.0.0.1", runner=("-m", "spmd"), env=None, preload=None):
+    """Run ``python *runner *argv`` as ``nprocs`` ranks; return exit code.
+
+    preload: modules that one fork server imports before forking every rank
+    from itself, so that the ranks skip those imports (spmd.preload); the
+    ranks then run spmd's runner, the default runner, in-process.
+    """
     argv = list(argv)
     if not argv:
         raise LaunchError("nothing to run: argv is empty")
     if isinstance(nprocs, bool) or not isinstance(nprocs, int) or nprocs < 1:
         raise LaunchError(f"nprocs must be an integer >= 1, got {nprocs!r}")
+    if preload and tuple(runner) != ("-m", "spmd"):
+        raise LaunchError(f"preload forks ranks that run spmd's runner (runner=('-m', 'spmd')), "
+                          f"not runner={tuple(runner)!r}: drop preload or the runner")
     if prefix is None:
         prefix = nprocs > 1
     command = [sys.executable, *runner, *argv]
     out = _Output(sys.stdout, sys.stderr)
     stop = []  # signals received by the launcher
-    procs, pumps = [], []
+    procs, pumps, server, extra = [], [], None, []  # extra: the fork server's output pumps
     sock = _listen(master_addr, nprocs)
     restore = _trap(lambda signum, frame: stop.append(signum))
     try:
         port = sock.getsockname()[1]
         preexec = _death_signal()
-        for rank in range(nprocs):
+        envs = [child_env(rank, nprocs, port=port, master_addr=master_addr, backend=backend,
+                          timeout=timeout, listen_fd=sock.fileno() if rank == 0 else None,
+                          base=env, prefixed=prefix) for rank in range(nprocs)]
+        if preload:
+            server = ForkServer(preload, _shared(envs), piped=prefix, preexec_fn=preexec)
+            if prefix:  # what the imports print, untagged
+                extra = [out.pump(server.proc.stdout, b"", err=False),
+                         out.pump(server.proc.stderr, b"", err=True)]
+            started = server.ready(stop)  # False: stopped by a signal while it imported
+        for rank in range(nprocs if server is None or started else 0):
+            if server is not None:
+                procs.append(server.spawn(
+                    rank, argv, envs[rank], stdin_fd=_stdin() if rank == 0 else None,
+                    pipes=prefix, listen=sock if rank == 0 else None))
+                continue
             fd = sock.fileno() if rank == 0 else None
             procs.append(subprocess.Popen(
                 command,
-                env=child_env(rank, nprocs, port=port, master_addr=master_addr,
-                              backend=backend, timeout=timeout, listen_fd=fd,
-                              base=env, prefixed=prefix),
+                env=envs[rank],
                 pass_fds=() if fd is None else (fd,),
                 stdin=None if rank == 0 else subprocess.DEVNULL,
                 stdout=subprocess.PIPE if prefix else None,
                 stderr=subprocess.PIPE if prefix else None,
                 start_new_session=True, preexec_fn=preexec,
             ))
+        if server is not None:
+            server.done()
         sock.close()
         if prefix:
             for rank, p in enumerate(procs):
@@ -125,10 +150,34 @@ def launch(argv, nprocs, *, backend=None, prefix=None, timeout=None,
         return 0
     finally:
         sock.close()
+        if server is not None:
+            server.done()  # it reports how the ranks end from now on
         _terminate(procs, stop)
+        if server is not None:
+            server.close()
         restore()
-        for t in pumps:
+        for t in pumps + extra:
             t.join(timeout=GRACE)
+
+
+#: Variables of one rank that the fork server's own environment leaves out.
+_PER_RANK = ("SPMD_RANK", "SPMD_LOCAL_RANK", "SPMD_LISTEN_FD")
+
+
+def _shared(envs):
+    """Return what every rank's environment holds alike: the fork server's environment."""
+    first, rest = envs[0], envs[1:]
+    return {k: v for k, v in first.items()
+            if k not in _PER_RANK and all(e.get(k) == v for e in rest)}
+
+
+def _stdin():
+    """Return the launcher's stdin for rank 0 to share, or None (rank 0 then reads /dev/null)."""
+    try:
+        os.fstat(0)
+    except OSError:
+        return None
+    return 0
 
 
 def _listen(addr, backlog):
@@ -218,22 +267,7 @@ def _trap(handler):
 
 def _death_signal():
     """Return a preexec_fn that kills the child when the launcher dies."""
-    if not sys.platform.startswith("linux"):
-        return None
-    import ctypes
-
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    parent = os.getpid()
-
-    def preexec():
-        prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        if os.getppid() != parent:  # the launcher died before prctl
-            os._exit(1)
-
-    return preexec
+    return death_signal(os.getpid())
 
 
 def _describe(code):

@@ -6,8 +6,9 @@ import sys
 import click
 
 from ..backends import BACKENDS
-from ..errors import RendezvousError
+from ..errors import LaunchError, RendezvousError
 from ..launch import launch
+from ..preload import parse_modules
 
 __all__ = ["run"]
 
@@ -28,11 +29,15 @@ __all__ = ["run"]
               help="Timeout of collective operations (sets SPMD_TIMEOUT).")
 @click.option("--master-addr", default="127.0.0.1", show_default=True,
               metavar="ADDR", help="Address rank 0 listens on.")
+@click.option("--preload", metavar="MODULES",
+              help="Import MODULES (comma-separated, e.g. torch,numpy) once in a fork "
+                   "server and fork every rank from it, so that no rank imports them "
+                   "itself (docs/preload.md).")
 @click.option("-m", "module", is_flag=True,
               help="SCRIPT is a module name, run like python -m.")
 @click.argument("script")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def run(nprocs, backend, prefix, timeout, master_addr, module, script, args):
+def run(nprocs, backend, prefix, timeout, master_addr, preload, module, script, args):
     """Run SCRIPT as NPROCS cooperating ranks on this machine.
 
     \b
@@ -42,6 +47,9 @@ def run(nprocs, backend, prefix, timeout, master_addr, module, script, args):
     Each rank runs `python -m spmd SCRIPT ARGS...` with SPMD_RANK,
     SPMD_SIZE, MASTER_ADDR and MASTER_PORT set. If a rank fails, the
     others are stopped and its exit code is returned.
+
+    With --preload, one process imports the modules and every rank is
+    forked from it, with the same environment, output and supervision.
     """
     if module:
         argv = ["-m", script, *args]
@@ -50,9 +58,14 @@ def run(nprocs, backend, prefix, timeout, master_addr, module, script, args):
     else:
         raise click.BadParameter(f"no such file: {script!r}",
                                  param_hint="'SCRIPT'")
+    if preload is not None:
+        try:
+            preload = parse_modules(preload)
+        except LaunchError as e:
+            raise click.BadParameter(str(e), param_hint="'--preload'") from None
     try:
         code = launch(argv, nprocs, backend=backend, prefix=prefix,
-                      timeout=timeout, master_addr=master_addr)
-    except RendezvousError as e:
+                      timeout=timeout, master_addr=master_addr, preload=preload)
+    except (LaunchError, RendezvousError) as e:
         raise click.ClickException(str(e)) from None
     sys.exit(code)
