@@ -29,6 +29,10 @@ LAUNCHERS = {
     "spmd-run": lambda n: [tool("spmd"), "run", "-n", n],
     "torchrun": lambda n: [tool("torchrun"), "--nproc-per-node", n, "-m", "spmd"],
 }
+# spmd run with its ranks forked from a server that imported torch (tests/test_preload.py),
+# in a selection of the scenarios: failures, deaths, timeouts, the hub fuzzed (~40 s in all).
+PRELOADED = "spmd-run-preload"
+VARIANTS = {PRELOADED: lambda n: [tool("spmd"), "run", "--preload", "torch", "-n", n]}
 
 
 class Run(NamedTuple):
@@ -47,7 +51,7 @@ def play(launcher, scenario, size=2, script=FAULTS, react=None, strict=True, **e
     sees each line of output as it comes (on the reader's thread).
     """
     mark = f"spmd-fault-{uuid.uuid4().hex[:12]}"
-    cmd = LAUNCHERS[launcher](size) + [script, scenario, mark]
+    cmd = {**LAUNCHERS, **VARIANTS}[launcher](size) + [script, scenario, mark]
     proc = start(cmd, clean_env(SPMD_TIMEOUT=TIMEOUT, FAULTS_MARK=mark, **env))
     began, ready, lines = time.monotonic(), [None], []
 
@@ -114,7 +118,7 @@ needs_mpirun = pytest.mark.skipif(MPIRUN is None, reason="mpirun not found: pip 
 
 @needs_mpirun
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("launcher", LAUNCHERS)
+@pytest.mark.parametrize("launcher", [*LAUNCHERS, PRELOADED])
 def test_a_rank_raises_before_a_collective(launcher):
     result = play(launcher, "raise")
     check(result, CRASH, "ValueError: rank 1 found a bad record", once="### spmd: rank 1 of 2")
@@ -122,7 +126,7 @@ def test_a_rank_raises_before_a_collective(launcher):
 
 @needs_mpirun
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("launcher", LAUNCHERS)
+@pytest.mark.parametrize("launcher", [*LAUNCHERS, PRELOADED])
 def test_a_rank_killed_inside_a_collective(launcher):
     words = "rank 1 of 3 died without reporting an error"
     check(play_killed(launcher, "sigkill", words, size=3), CRASH, once=words)
@@ -138,7 +142,7 @@ def test_a_rank_that_never_starts(launcher):
 
 @needs_mpirun
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("launcher", LAUNCHERS)
+@pytest.mark.parametrize("launcher", [*LAUNCHERS, PRELOADED])
 def test_ranks_calling_different_collectives_time_out_naming_the_call(launcher):
     check(play(launcher, "mismatch"), HANG, "timed out after 6 s", "(call #2)",
           once="### spmd: where the 2 ranks are")
@@ -202,7 +206,7 @@ def test_rings_of_sends_do_not_deadlock_in_debug_mode(launcher):
 
 @needs_mpirun
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("launcher", LAUNCHERS)
+@pytest.mark.parametrize("launcher", [*LAUNCHERS, PRELOADED])
 def test_a_peer_killed_while_a_rank_waits_in_recv_ends_the_job(launcher):
     words = "rank 1 of 2 died without reporting an error"
     check(play_killed(launcher, "p2p-kill", words), CRASH, once=words)
@@ -280,7 +284,7 @@ def test_debug_mode_checks_the_equal_promise_of_gathers():
 
 
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("launcher", ["spmd-run", "torchrun"])
+@pytest.mark.parametrize("launcher", ["spmd-run", PRELOADED, "torchrun"])
 def test_the_first_rank_to_time_out_still_reports_where_the_others_were(launcher):
     """On gloo a timed-out rank closes its connections: the peer's 'closed by peer'
     error must not pre-empt the timeout report, which lists the peer's call."""
@@ -290,7 +294,7 @@ def test_the_first_rank_to_time_out_still_reports_where_the_others_were(launcher
 
 @needs_mpirun
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("launcher", LAUNCHERS)
+@pytest.mark.parametrize("launcher", [*LAUNCHERS, PRELOADED])
 def test_a_rank_killed_while_the_others_wait_in_a_256_mib_gather(launcher):
     words = "rank 1 of 2 died without reporting an error"
     result = play_killed(launcher, "gather-kill", words)
@@ -303,13 +307,14 @@ def test_a_rank_killed_while_the_others_wait_in_a_256_mib_gather(launcher):
 INIT_DEATH = {
     "mpirun": "EXIT STRING: Killed (signal 9)",
     "spmd-run": "spmd run: rank 1 killed by signal SIGKILL",
+    PRELOADED: "spmd run: rank 1 killed by signal SIGKILL",
     "torchrun": re.compile(r"rank {6}: 1 \(local_rank: 1\)\n {2}exitcode {2}: -9 "),
 }
 
 
 @needs_mpirun
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("launcher", LAUNCHERS)
+@pytest.mark.parametrize("launcher", [*LAUNCHERS, PRELOADED])
 def test_a_rank_that_dies_inside_init_ends_the_job(launcher):
     # No rank gets READY: the time counts from the start, Python's and torch's imports included.
     result = play(launcher, "init-death")
@@ -332,7 +337,7 @@ def _fuzz_then_go(go):
 
 @needs_mpirun
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("launcher", LAUNCHERS)
+@pytest.mark.parametrize("launcher", [*LAUNCHERS, PRELOADED])
 @pytest.mark.parametrize("ending", ["normal", "raise"])
 def test_an_outsider_writing_garbage_and_fail_to_the_hub_changes_nothing(launcher, ending, tmp_path):
     go = tmp_path / "go"
