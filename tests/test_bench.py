@@ -265,3 +265,46 @@ def test_startup_breakdown(tmp_path):
     numpy_only = next(r for r in rows if r["scenario"].startswith("spmd numpy"))
     assert numpy_only["torch_imported"] is False
     assert "issue: <= 2x" in startup_table(rows) and "issue: <= 2x" in result.stdout
+
+
+# -- spmd bench --pipeline (issue 14) ------------------------------------------------
+
+
+@pytest.mark.unit
+def test_pipeline_summary_takes_medians_and_ratios_against_the_peers():
+    from spmd.bench import pipeline as pb
+
+    def rec(case, impl, ranks, seconds):
+        return {"case": case, "impl": impl, "ranks": ranks, "seconds": seconds, "checksum": "ab",
+                "peak_extra_kib": 1024, "rows_per_rank": [1]}
+
+    rows = [rec("one process, one thread", "serial", 1, s) for s in (1.0, 3.0, 2.0)]
+    rows += [rec("spmd (auto: parallel read)", "spmd", 2, s) for s in (0.5, 0.4, 9.0)]
+    rows += [rec("mpi4py Scatterv/Gatherv loop", "mpi4py", 2, s) for s in (1.0, 1.0, 1.0)]
+    rows += [rec("multiprocessing Pool.imap", "pool", 2, s) for s in (0.8, 0.8, 0.8)]
+    s = pb.summary(rows)
+    spmd = s[("spmd (auto: parallel read)", 2)]
+    assert spmd["seconds"] == 0.5 and spmd["speedup"] == 4.0 and spmd["runs"] == 3
+    assert spmd["vs_mpi4py"] == 0.5 and spmd["vs_pool"] == 0.625 and spmd["checksums"] == ["ab"]
+    text = pb.table(rows)
+    assert "0.500 (4.00x)" in text and "0.50 / 0.62" in text and "checksum: ab" in text
+
+
+@pytest.mark.launcher
+@needs_mpirun
+@pytest.mark.timeout(400)
+def test_pipeline_bench_runs_every_case_and_every_output_agrees(tmp_path):
+    out = tmp_path / "pipeline.json"
+    cmd = [PY, "-m", "spmd.cli.bench", "--pipeline", "--pipeline-ranks", "2", "--repeats", 1, "--rows", 40000,
+           "--scenarios", "table,busy,memory", "--memory-rows", "40000", "--json", out, "--quiet"]
+    result = run(cmd, 380, clean_env())
+    assert result.returncode == 0, result.stdout[-4000:]
+    doc = json.loads(out.read_text())
+    cases = {(r["case"], r["ranks"]) for r in doc["table"]}
+    assert len(cases) == 8 and ("one process, one thread", 1) in cases, cases
+    assert len({r["checksum"] for r in doc["table"] + doc["busy"] + doc["memory"]}) == 1
+    assert all(r["seconds"] > 0 and r["peak_extra_kib"] >= 0 for r in doc["table"])
+    spmd = [r for r in doc["table"] if r["impl"] == "spmd"]
+    assert {r["read"] for r in spmd} == {"parallel", "root"} and all(sum(r["rows_per_rank"]) == 40000 for r in spmd)
+    assert {r["balance"] for r in doc["busy"]} == {"even", "speed"}
+    assert "speed is" in result.stdout and "one round's input plus output" in result.stdout

@@ -124,15 +124,16 @@ def table(rows):
     s = summary(rows)
     ranks = sorted({r for _, r in s})
     checks = {c for v in s.values() for c in v["checksums"]}
-    lines = [f"{'median seconds (speed-up over one process)':<32}" + "".join(f"{f'{n} ranks':>18}" for n in ranks)]
+    w = 38
+    lines = [f"{'median seconds (speed-up over one process)':<{w}}" + "".join(f"{f'{n} ranks':>18}" for n in ranks)]
     for label in dict.fromkeys(c for c, _ in s):
         cells = []
         for n in ranks:
             v = s.get((label, n))
             cells.append(f"{v['seconds']:>9.3f} ({v['speedup']:.2f}x)" if v else f"{'-':>18}")
-        lines.append(f"{label:<32}" + "".join(f"{c:>18}" for c in cells))
+        lines.append(f"{label:<{w}}" + "".join(f"{c:>18}" for c in cells))
     lines.append("")
-    lines.append(f"{'time / peer, same ranks':<32}" + "".join(f"{f'{n} ranks':>18}" for n in ranks))
+    lines.append(f"{'time / (mpi4py loop, Pool), same ranks':<{w}}" + "".join(f"{f'{n} ranks':>18}" for n in ranks))
     for label in dict.fromkeys(c for c, _ in s):
         if not label.startswith("spmd"):
             continue
@@ -145,7 +146,7 @@ def table(rows):
             loop = f"{v['vs_mpi4py']:.2f}" if v["vs_mpi4py"] else "-"
             pool = f"{v['vs_pool']:.2f}" if v["vs_pool"] else "-"
             cells.append(f"{loop} / {pool}")
-        lines.append(f"{label + ' (loop / Pool)':<32}" + "".join(f"{c:>18}" for c in cells))
+        lines.append(f"{label:<{w}}" + "".join(f"{c:>18}" for c in cells))
     lines.append("")
     lines.append(f"every launch's output checksum: {', '.join(sorted(checks))}"
                  + ("" if len(checks) == 1 else "  (THEY DIFFER)"))

@@ -256,7 +256,7 @@ def _pipeline(opts):
                         f"{os.cpu_count()} cores")
                 click.echo(f"wrote {opts['plot_path']}", err=True)
         if "busy" in scenarios:
-            doc["busy"] = pb.busy(max(repeats, 3), rows, progress=progress)
+            doc["busy"] = pb.busy(repeats, rows, progress=progress)
             click.echo(pb.busy_table(doc["busy"]))
         if "memory" in scenarios:
             doc["memory"] = pb.memory(sizes, progress=progress)
