@@ -31,15 +31,25 @@ What a forked rank gets, the same as a rank ``spmd run`` starts without
 preload: a session and process group of its own (``setsid``, so the
 launcher's ``killpg`` reaches it and its children); SIGKILL when its parent
 dies (``PR_SET_PDEATHSIG``; the server has the same on the launcher, so
-the launcher's death still ends every rank); stdin, stdout and stderr as
-the launcher passes them (pipes it prefixes per rank, or its own); the
-listening socket of rank 0 (``SPMD_LISTEN_FD`` names its number in the
-rank), given to rank 0 only; ``os.environ`` made equal to ``child_env``'s
-values for the rank (variables an import added are kept, as they would be
-after the script's own import); and the script run by
-``spmd.runner.run_script``, the same function ``python -m spmd`` runs, so
-``sys.argv``, ``sys.path[0]``, ``-m module``, exceptions, ``SystemExit``
-codes and fail-fast are those of a rank without preload.
+the launcher's death still ends every rank, and the server's ends its
+ranks, which the launcher then reports killed by SIGKILL); stdin, stdout
+and stderr as the launcher passes them (pipes it prefixes per rank, or its
+own); the listening socket of rank 0, given to rank 0 only, under the
+launcher's number where that is free (``SPMD_LISTEN_FD`` names it); the
+environment: the server starts with what every rank's ``child_env``
+shares, and each rank sets its own values (``SPMD_RANK``, ...) after the
+fork (what an import changed stays changed, as after the script's own
+import); and the script run by ``spmd.runner.run_script``, the function
+``python -m spmd`` runs, so ``sys.argv``, ``sys.path[0]``, ``-m module``,
+tracebacks, ``SystemExit`` codes and fail-fast are those of a rank without
+preload.  The server is ``python -m spmd.preload``, started as ``python -m
+spmd`` is (``sys.path[0]`` the working directory).
+
+What differs, besides the imports done: ``ps`` and ``/proc/PID/cmdline``
+show the server's command line for every rank, and ``/proc/PID/environ``
+the server's environment (``os.environ`` is right); ``sys.orig_argv`` is
+the server's; and what the next two paragraphs say of seeds and ``gc``.
+What the imports print goes to the launcher's stdout and stderr untagged.
 
 Random state: Python's ``random`` reseeds itself in a forked child (its own
 ``os.register_at_fork``).  torch's default CPU generator and numpy's global
@@ -55,6 +65,16 @@ hashes (one per server, so alike on every rank, where fresh ranks draw
 their own unless PYTHONHASHSEED is set), and a seed a preloaded module set
 at import (replaced; seed in the script).
 
+Memory: before each fork the server calls ``gc.freeze()``, as CPython's
+``gc`` documentation advises for a process that forks without exec: what
+the imports made moves to the permanent generation, which a rank's
+collections never traverse, so its pages stay shared and a rank's exit does
+not walk them (eight ranks of jobs/scatter_gather.py on two cores: 4.4 s
+wall and 7.6 CPU-seconds without it, 3.1 s and 4.9 with it).  What a script
+can see of it: ``gc.get_objects()`` leaves those objects out,
+``gc.get_freeze_count()`` is not 0, and a reference cycle among them is
+never collected.
+
 Refused, with a ``LaunchError`` naming the problem and the fix: a module
 that cannot be imported; CUDA initialised by an import; a Python thread
 running after an import; MPI initialised by an import (mpi4py.MPI); a
@@ -68,6 +88,7 @@ starts its pool at import and re-creates it after a fork.
 Only the standard library is imported on the launcher's side.
 """
 
+import gc
 import json
 import os
 import select
@@ -471,6 +492,7 @@ def _serve(sock):
                 continue
             rank = message["rank"]
             _flush()
+            gc.freeze()  # what the imports made: never traversed by a rank's collections, nor copied by them
             try:
                 pid = os.fork()
             except OSError as e:
