@@ -371,3 +371,30 @@ def test_launch_refuses_preload_with_another_runner_and_the_cli_passes_the_list(
     assert res.exit_code == 0 and calls[0]["preload"] == ["torch", "numpy"], res.output
     res = CliRunner().invoke(cli, ["run", "-n", "2", "--preload", "torch,no-such", str(script)])
     assert res.exit_code == 2 and "'no-such' is not a module name" in res.output
+
+
+@pytest.mark.launcher
+@pytest.mark.timeout(60)
+def test_a_launcher_interrupted_while_the_server_imports_stops_at_once_and_ends_it(tmp_path):
+    env = _with_modules(tmp_path, slow="import os, time\n"
+                                       f"open({str(tmp_path / 'server')!r}, 'w').write(str(os.getpid()))\n"
+                                       "time.sleep(60)\n")
+    ran = tmp_path / "ran"
+    script = write(tmp_path, f"open({str(ran)!r}, 'w').close()")
+    proc = subprocess.Popen([SPMD, "run", "--preload", "slow", "-n", "2", str(script)], env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    deadline = time.monotonic() + 30
+    while not (tmp_path / "server").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.1)
+    server = int((tmp_path / "server").read_text())
+    began = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    try:
+        _, err = proc.communicate(timeout=20)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail("the launcher did not end within 20 s of SIGINT")
+    assert proc.returncode == 128 + signal.SIGINT and "spmd run: SIGINT received, stopping" in err, err
+    assert time.monotonic() - began < 5
+    assert wait_dead([server]) == [] and not ran.exists()
