@@ -20,11 +20,13 @@ speed
     shares follow each rank's measured rows per second in the rounds
     before (rows over the time from one exchange of statuses to its part
     of the next: its reading, fn, writing and, on root, the gathering
-    and checks; waiting for root's scatter excluded), smoothed
-    (:data:`SMOOTHING`). A round is planned while the one before is
+    and checks; waiting for root's scatter excluded): its rows over its
+    seconds, both summed over the rounds with weights halving per round
+    back (:data:`DECAY`), so a big round counts more than a small one
+    and the last rounds most. A round is planned while the one before is
     still running (its rows are read ahead), so the first two rounds are
-    even, before anything is measured: they are made small (a
-    :data:`PROBE`-th of ``chunk_rows``) so that little work is shared out
+    even, before anything is measured: they are made smaller (a
+    :data:`PROBE`-th of ``chunk_rows``) so that less work is shared out
     blind. A rank keeps at least :data:`FLOOR` of the fastest one's rate,
     so it is still measured. Memory caps apply too when a budget is given.
 
@@ -41,12 +43,12 @@ MODES = ("even", "memory", "speed")
 
 #: Rounds of a rank's rows in memory at once (the one being processed and the next, read ahead).
 IN_FLIGHT = 2
-#: Weight of the newest round in the smoothed rate (the rest: the rounds before).
-SMOOTHING = 0.6
+#: speed: what the rows and seconds of the rounds before count for, per round since.
+DECAY = 0.5
 #: The least share of the fastest rank's rate a rank is given.
 FLOOR = 0.05
 #: speed: the first IN_FLIGHT rounds, planned before any is measured, have chunk_rows // PROBE rows.
-PROBE = 8
+PROBE = 4
 
 
 def split(n, weights, caps=None):
@@ -165,6 +167,7 @@ class Planner:
         self.in_row, self.out_row = max(int(in_row_bytes), 1), max(int(in_row_bytes), 1)
         self.budgets = budgets if mode == "memory" or (budgets and any(b is not None for b in budgets)) else None
         self.rates = [None] * size
+        self.sums = [(0.0, 0.0)] * size
         self.planned = 0
 
     def caps(self):
@@ -203,7 +206,6 @@ class Planner:
         if out_row_bytes:
             self.out_row = max(int(out_row_bytes), 1)
         for r, (n, s) in enumerate(zip(rows, seconds)):
-            if n > 0 and s > 0:
-                rate = n / s
-                old = self.rates[r]
-                self.rates[r] = rate if old is None else SMOOTHING * rate + (1 - SMOOTHING) * old
+            if n > 0 and s > 0:  # decayed sums: a round weighs by its rows, older rounds less
+                self.sums[r] = (DECAY * self.sums[r][0] + n, DECAY * self.sums[r][1] + s)
+                self.rates[r] = self.sums[r][0] / self.sums[r][1]

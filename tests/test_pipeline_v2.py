@@ -71,7 +71,7 @@ def test_split_follows_weights_within_caps():
 @pytest.mark.unit
 def test_planner_speed_shares_follow_measured_rates_and_memory_caps_rows():
     p = balance.Planner("speed", 2, 900, 64)
-    assert p.plan(10_000) == p.plan(10_000) == [56, 56]  # nothing measured yet: even, and small
+    assert p.plan(10_000) == p.plan(10_000) == [113, 112]  # nothing measured yet: even, and small
     p.observe([450, 450], [1.0, 2.0])  # rank 1 is half as fast
     assert p.plan(10_000) == [600, 300]
     p.observe([0, 0], [0.0, 0.0])  # a round without rows changes nothing

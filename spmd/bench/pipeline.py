@@ -164,12 +164,12 @@ def _spinner(core):
     return subprocess.Popen([sys.executable, "-c", code])
 
 
-def busy(repeats=5, rows=ROWS, chunk=CHUNK, progress=None, balances=("even", "speed"), spinners=2):
-    """Two ranks, one per core; busy processes on rank 1's core; each balance once per repeat.
+def busy(repeats=5, rows=ROWS, chunk=CHUNK, progress=None, balances=("even", "speed"), spinners=1):
+    """Two ranks, one per core; spinners busy processes on rank 1's core; each balance once per repeat.
 
     Linux shares a core among runnable threads: rank 1 runs two (fn, and
-    the reader ahead of it), so it takes two spinning processes to leave
-    it about half its core (one left it about two thirds here).
+    the reader ahead of it), so one spinning process leaves it about two
+    thirds of its core, two about half.
     """
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) < 2:
@@ -181,7 +181,7 @@ def busy(repeats=5, rows=ROWS, chunk=CHUNK, progress=None, balances=("even", "sp
         for rep in range(repeats):
             for bal in balances:
                 rec = launch("spmd", 2, rows, chunk, {"balance": bal}, env={"SPMD_BENCH_PIN": "1"})
-                rec.update(case=f"balance={bal}", balance=bal, ranks=2, repeat=rep)
+                rec.update(case=f"balance={bal}", balance=bal, ranks=2, repeat=rep, spinners=spinners)
                 out.append(rec)
                 if progress:
                     progress(f"  repeat {rep + 1}/{repeats} balance={bal:<6} {rec['seconds']:8.3f} s "
@@ -194,7 +194,7 @@ def busy(repeats=5, rows=ROWS, chunk=CHUNK, progress=None, balances=("even", "sp
 
 
 def busy_table(rows):
-    lines = ["2 ranks, one per core, busy processes on rank 1's core (medians):"]
+    lines = [f"2 ranks, one per core, {rows[0].get('spinners', 1)} busy process(es) on rank 1's core (medians):"]
     meds = {}
     for bal in dict.fromkeys(r["balance"] for r in rows):
         runs = [r for r in rows if r["balance"] == bal]

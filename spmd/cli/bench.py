@@ -126,6 +126,8 @@ _POSITIVE = click.FloatRange(min=0, min_open=True)
 @click.option("--scenarios", default="table", show_default=True,
               help="--pipeline: comma-separated table (every case at every rank count), busy (balance even "
                    "against speed beside a busy process), memory (root's peak at --memory-rows).")
+@click.option("--busy-procs", default=1, show_default=True, type=click.IntRange(min=1),
+              help="--pipeline busy scenario: spinning processes on rank 1's core.")
 @click.option("--rows", "pipeline_rows", default=1_000_000, show_default=True, type=click.IntRange(min=1),
               help="--pipeline: input rows.")
 @click.option("--memory-rows", default="1000000,10000000", show_default=True,
@@ -256,7 +258,7 @@ def _pipeline(opts):
                         f"{os.cpu_count()} cores")
                 click.echo(f"wrote {opts['plot_path']}", err=True)
         if "busy" in scenarios:
-            doc["busy"] = pb.busy(repeats, rows, progress=progress)
+            doc["busy"] = pb.busy(repeats, rows, progress=progress, spinners=opts["busy_procs"])
             click.echo(pb.busy_table(doc["busy"]))
         if "memory" in scenarios:
             doc["memory"] = pb.memory(sizes, progress=progress)
