@@ -308,3 +308,20 @@ def test_pipeline_bench_runs_every_case_and_every_output_agrees(tmp_path):
     assert {r["read"] for r in spmd} == {"parallel", "root"} and all(sum(r["rows_per_rank"]) == 40000 for r in spmd)
     assert {r["balance"] for r in doc["busy"]} == {"even", "speed"}
     assert "speed is" in result.stdout and "one round's input plus output" in result.stdout
+
+
+@pytest.mark.launcher
+@needs_mpirun
+@pytest.mark.timeout(300)
+def test_preload_bench_reports_every_scenario_and_the_targets(tmp_path):
+    out = tmp_path / "preload.json"
+    cmd = [PY, "-m", "spmd.cli.bench", "--preload", "torch", "--startup-ranks", 2, "--repeats", 1,
+           "--json", out, "--quiet"]
+    result = run(cmd, 280, clean_env())
+    assert result.returncode == 0, result.stdout[-4000:]
+    doc = json.loads(out.read_text())
+    assert set(doc["results"]) == {"empty", "preload", "spawn", "mpirun"}, doc
+    for name, row in doc["results"].items():
+        assert all(w > 0 for w in row["wall"]), (name, row)
+        assert name == "empty" or all(0 < f <= w for f, w in zip(row["first"], row["wall"])), (name, row)
+    assert "(target <= 2)" in result.stdout and "(target <= 0.5)" in result.stdout

@@ -119,6 +119,10 @@ _POSITIVE = click.FloatRange(min=0, min_open=True)
 @click.option("--script", type=click.Path(exists=True, dir_okay=False),
               help="Start-up: time to the first collective of this script "
                    "[default: jobs/scatter_gather.py, else jobs/collectives.py, if present].")
+@click.option("--preload", "preload_modules", metavar="MODULES",
+              help="Measure spmd run --preload MODULES instead (e.g. torch): the job's first collective and "
+                   "wall against an empty script, spmd run without preload and mpirun (--startup-ranks, "
+                   "--repeats, --script).")
 @click.option("--pipeline", is_flag=True,
               help="Measure spmd.pipeline instead, against an mpi4py loop, Pool.imap and MPIPoolExecutor "
                    "(separate launches, not under a launcher).")
@@ -149,8 +153,11 @@ def bench(ctx, **opts):
     """
     if opts["memory"] and (opts["startup"] or opts["alone"]):
         raise click.UsageError("--memory runs in a launched world: leave out --startup and --alone")
-    if opts["startup"] and opts["pipeline"]:
-        raise click.UsageError("--startup and --pipeline are separate benchmarks: choose one")
+    if sum(map(bool, (opts["startup"], opts["pipeline"], opts["preload_modules"]))) > 1:
+        raise click.UsageError("--startup, --pipeline and --preload are separate benchmarks: choose one")
+    if opts["preload_modules"]:
+        _preload(opts)
+        return
     if opts["startup"]:
         _startup(opts["startup_ranks"], opts["repeats"] or 5, opts["script"], opts["json_path"], opts["quiet"])
         return
@@ -268,6 +275,22 @@ def _pipeline(opts):
     doc["load_average_end"] = list(os.getloadavg())
     if opts["json_path"]:
         write_json(opts["json_path"], doc)
+        click.echo(f"wrote {opts['json_path']}", err=True)
+
+
+def _preload(opts):
+    from ..bench import preload
+    from ..bench.report import write_json
+
+    log = None if opts["quiet"] else (lambda line: click.echo(line, err=True))
+    modules = [m.strip() for m in opts["preload_modules"].split(",") if m.strip()]
+    try:
+        results = preload.measure(opts["startup_ranks"], opts["repeats"] or 3, opts["script"], (), modules, log=log)
+    except (SpmdError, subprocess.TimeoutExpired) as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(preload.report(results, opts["startup_ranks"]))
+    if opts["json_path"]:
+        write_json(opts["json_path"], {"schema": "spmd-bench-preload/1", "modules": modules, "results": results})
         click.echo(f"wrote {opts['json_path']}", err=True)
 
 
