@@ -77,6 +77,16 @@ def launch(impl, ranks, rows=ROWS, chunk=CHUNK, options=None, env=None, timeout=
     return json.loads(lines[0].split(" ", 1)[1])
 
 
+def _run(out, progress, line, impl, ranks, nrows, chunk, options, env=None, **labels):
+    """Launch once, label the record, keep it, and say line (formatted with the record) to progress."""
+    rec = launch(impl, ranks, nrows, chunk, options, env=env)
+    rec.update(labels, impl=impl, ranks=ranks)
+    out.append(rec)
+    if progress:
+        progress(line.format(**rec, peak_mib=rec["peak_extra_kib"] / 1024))
+    return rec
+
+
 def measure(ranks=(1, 2, 4, 8), repeats=3, rows=ROWS, chunk=CHUNK, progress=None):
     """Run every case at every rank count, interleaved, repeats times; return one row per launch."""
     out = []
@@ -85,12 +95,8 @@ def measure(ranks=(1, 2, 4, 8), repeats=3, rows=ROWS, chunk=CHUNK, progress=None
         plan += [(label, impl, opts, n) for n in ranks for label, impl, opts in CASES
                  if not (impl == "mpipool" and n < 2)]
         for label, impl, opts, n in plan:
-            rec = launch(impl, n, rows, chunk, opts)
-            rec.update(case=label, impl=impl, ranks=n, repeat=rep)
-            out.append(rec)
-            if progress:
-                progress(f"  repeat {rep + 1}/{repeats} {label:<30} {n} ranks {rec['seconds']:8.3f} s "
-                         f"crc {rec['checksum']}")
+            _run(out, progress, f"  repeat {rep + 1}/{repeats} {label:<30} {n} ranks {{seconds:8.3f}} s "
+                 "crc {checksum}", impl, n, rows, chunk, opts, case=label, repeat=rep)
     return out
 
 
@@ -180,12 +186,9 @@ def busy(repeats=5, rows=ROWS, chunk=CHUNK, progress=None, balances=("even", "sp
         time.sleep(0.2)
         for rep in range(repeats):
             for bal in balances:
-                rec = launch("spmd", 2, rows, chunk, {"balance": bal}, env={"SPMD_BENCH_PIN": "1"})
-                rec.update(case=f"balance={bal}", balance=bal, ranks=2, repeat=rep, spinners=spinners)
-                out.append(rec)
-                if progress:
-                    progress(f"  repeat {rep + 1}/{repeats} balance={bal:<6} {rec['seconds']:8.3f} s "
-                             f"rows per rank {rec['rows_per_rank']}")
+                _run(out, progress, f"  repeat {rep + 1}/{repeats} balance={bal:<6} {{seconds:8.3f}} s "
+                     "rows per rank {rows_per_rank}", "spmd", 2, rows, chunk, {"balance": bal},
+                     env={"SPMD_BENCH_PIN": "1"}, case=f"balance={bal}", balance=bal, repeat=rep, spinners=spinners)
     finally:
         for spinner in running:
             spinner.kill()
@@ -220,12 +223,8 @@ def memory(sizes=(1_000_000, 10_000_000), ranks=2, chunk=CHUNK, progress=None, r
     for rep in range(repeats):
         for rows in sizes:
             for label, opts in (("parallel read", {}), ("scatter (read=root)", {"read": "root"})):
-                rec = launch("spmd", ranks, rows, chunk, opts)
-                rec.update(case=label, rows=rows, ranks=ranks, repeat=rep)
-                out.append(rec)
-                if progress:
-                    progress(f"  {label:<22} {rows:>10} rows: root's peak +{rec['peak_extra_kib'] / 1024:.1f} MiB "
-                             f"in {rec['seconds']:.2f} s")
+                _run(out, progress, f"  {label:<22} {rows:>10} rows: root's peak +{{peak_mib:.1f}} MiB in "
+                     "{seconds:.2f} s", "spmd", ranks, rows, chunk, opts, case=label, rows=rows, repeat=rep)
     return out
 
 

@@ -31,40 +31,19 @@ from pathlib import Path
 
 from ..errors import BenchError
 from ..launch import STRIPPED
+from .startup import first_collective_wrapper
 
 __all__ = ["measure", "report", "find_mpirun", "SCENARIOS"]
 
 SCENARIOS = ("empty", "preload", "spawn", "mpirun")
 _JOB = Path(__file__).resolve().parents[2] / "jobs" / "scatter_gather.py"
 
-# Stamp the end of the first collective of each rank (re-entrant: scatter calls broadcast_object).
-_WRAPPER = """
-import os, runpy, sys, time
-with open(os.path.join(os.environ["SPMD_BENCH_DIR"], "start.%d" % os.getpid()), "w") as out:
-    out.write(repr(time.time()))
-import spmd.comms.base as _b
-_depth, _done = [0], [False]
-def _wrap(name):
-    f = getattr(_b.Comm, name)
-    def w(self, *a, **k):
-        _depth[0] += 1
-        try:
-            return f(self, *a, **k)
-        finally:
-            _depth[0] -= 1
-            if not _depth[0] and not _done[0]:
-                _done[0] = True
-                path = os.path.join(os.environ["SPMD_BENCH_DIR"], "stamp.%d" % os.getpid())
-                with open(path, "w") as out:
-                    out.write(repr(time.time()))
-    setattr(_b.Comm, name, w)
-for _n in ("broadcast", "reduce", "all_reduce", "scatter", "gather", "all_gather", "barrier",
-           "broadcast_object", "gather_object", "all_gather_object", "scatter_object"):
-    _wrap(_n)
-sys.argv = [JOB, *ARGS]
-sys.path[0] = os.path.dirname(JOB)
-runpy.run_path(JOB, run_name="__main__")
-"""
+# Each rank stamps its start and the end of its first collective into files of its own.
+_START = ('import os, time\n'
+          'with open(os.path.join(os.environ["SPMD_BENCH_DIR"], "start.%d" % os.getpid()), "w") as out:\n'
+          '    out.write(repr(time.time()))')
+_STAMP = ('open(os.path.join(os.environ["SPMD_BENCH_DIR"], "stamp.%d" % os.getpid()), "w")'
+          '.write(repr(time.time()))')
 
 
 def _commands(nprocs, wrapper, empty, mpirun, modules):
@@ -125,7 +104,7 @@ def measure(nprocs=8, repeats=3, job=None, job_args=(), modules=("torch",), mpir
     with tempfile.TemporaryDirectory(prefix="spmd-preload-bench-") as tmp:
         tmp = Path(tmp)
         wrapper, empty = tmp / "wrapper.py", tmp / "empty.py"
-        wrapper.write_text(_WRAPPER.replace("JOB", repr(str(job))).replace("ARGS", repr(list(job_args))))
+        wrapper.write_text(first_collective_wrapper(job, _STAMP, job_args, _START))
         empty.write_text("")
         env = {k: v for k, v in os.environ.items() if k not in STRIPPED}
         env["SPMD_BENCH_DIR"] = str(tmp)

@@ -24,7 +24,7 @@ import numpy as np
 from ..errors import BenchError
 from ..launch import STRIPPED
 
-__all__ = ["scenarios", "measure", "startup_table", "find_mpirun"]
+__all__ = ["scenarios", "measure", "startup_table", "find_mpirun", "first_collective_wrapper"]
 
 # Each rank writes "<time> <torch imported>" to a file of its own: output lines could interleave.
 _STAMP = ("open(__import__('os').path.join(__import__('os').environ['SPMD_BENCH_DIR'], "
@@ -33,7 +33,8 @@ _STAMP = ("open(__import__('os').path.join(__import__('os').environ['SPMD_BENCH_
 
 # Stamp the end of the first collective (re-entrant: scatter calls broadcast_object).
 _FIRST = """
-import runpy, sys, time
+PRELUDE
+import os, runpy, sys, time
 import spmd.comms.base as _b
 _depth, _done = [0], [False]
 def _wrap(name):
@@ -51,10 +52,17 @@ def _wrap(name):
 for _n in ('broadcast', 'reduce', 'all_reduce', 'scatter', 'gather', 'all_gather', 'barrier',
            'broadcast_object', 'gather_object', 'all_gather_object', 'scatter_object'):
     _wrap(_n)
-sys.argv = [SCRIPT]
-sys.path.insert(0, __import__('os').path.dirname(SCRIPT))
+sys.argv = [SCRIPT, *ARGS]
+sys.path.insert(0, os.path.dirname(SCRIPT))
 runpy.run_path(SCRIPT, run_name='__main__')
 """
+
+
+def first_collective_wrapper(script, stamp, args=(), prelude=""):
+    """Return Python code that runs script as __main__ (with args) and stamp, one statement,
+    once the process's first spmd collective has ended; prelude runs before anything."""
+    return (_FIRST.replace("PRELUDE", prelude).replace("STAMP", stamp)
+            .replace("SCRIPT", repr(str(script))).replace("ARGS", repr(list(args))))
 
 
 def scenarios(script=None):
@@ -74,7 +82,7 @@ def scenarios(script=None):
     ]
     out = [(name, code + "\n" + _STAMP, env) for name, code, env in out]
     if script is not None:
-        code = _FIRST.replace("SCRIPT", repr(str(script))).replace("STAMP", _STAMP)
+        code = first_collective_wrapper(script, _STAMP)
         out.append((f"{Path(script).name}: first collective", code, {}))
     return out
 
