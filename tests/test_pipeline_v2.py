@@ -2,7 +2,6 @@
 
 import json
 import os
-import signal
 import time
 import uuid
 import zlib
@@ -16,7 +15,7 @@ from spmd.pipeline import SyntheticTable, pipeline
 from spmd.sinks import partial_path
 from spmd.sources import NpySource, fingerprint
 
-from conftest import MPIRUN, PY, REPO, WORLDS, clean_env, finish, left_behind, marked, run, start, tool
+from conftest import MPIRUN, PY, REPO, WORLDS, clean_env, finish, left_behind, run, start, tool
 
 # -- checksums -------------------------------------------------------------------------
 
@@ -269,12 +268,7 @@ def kill_halfway(cmd, env, out, what):
     else:
         proc.kill()
         pytest.fail(f"{what}: the journal never held half the rounds:\n{finish(proc, 30).stdout[-3000:]}")
-    victims = marked(mark)
-    for pid in victims:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    victims = left_behind(mark, grace=0)  # SIGKILLs every process of the run, now
     result = finish(proc, 30, what)
     assert not left_behind(mark), what
     assert result.returncode != 0 and victims, (result.returncode, victims)
