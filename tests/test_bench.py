@@ -146,6 +146,21 @@ def test_bad_collective_is_a_usage_error():
     assert result.exit_code == 2 and "all_reduce" in result.output
 
 
+@pytest.mark.unit
+def test_the_separate_benchmarks_are_one_at_a_time_and_train_takes_its_rank_counts(monkeypatch):
+    result = CliRunner().invoke(bench, ["--train", "--pipeline"], env=clean_env())
+    assert result.exit_code == 2 and "separate benchmarks: choose one" in result.output
+    from spmd.bench import train
+
+    seen = {}
+    monkeypatch.setattr(train, "bench", lambda ranks, repeats, progress=None: seen.update(r=ranks, n=repeats) or {})
+    monkeypatch.setattr(train, "report", lambda doc: "REPORT")
+    result = CliRunner().invoke(bench, ["--train", "--quiet"], env=clean_env())
+    assert result.exit_code == 0 and "REPORT" in result.output and seen == {"r": (1, 2, 4), "n": 5}, result.output
+    result = CliRunner().invoke(bench, ["--train", "--pipeline-ranks", "2", "--repeats", "3"], env=clean_env())
+    assert result.exit_code == 0 and seen == {"r": (2,), "n": 3}, result.output
+
+
 # -- real runs -------------------------------------------------------------------
 
 

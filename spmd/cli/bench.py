@@ -123,6 +123,10 @@ _POSITIVE = click.FloatRange(min=0, min_open=True)
               help="Measure spmd run --preload MODULES instead (e.g. torch): the job's first collective and "
                    "wall against an empty script, spmd run without preload and mpirun (--startup-ranks, "
                    "--repeats, --script).")
+@click.option("--train", is_flag=True,
+              help="Measure training instead: spmd's DataParallel on gloo and mpi (plain, overlap, bf16) beside "
+                   "torch's DistributedDataParallel, separate launches (spmd.bench.train; --pipeline-ranks "
+                   "for the rank counts, default 1,2,4 here; --repeats, default 5).")
 @click.option("--pipeline", is_flag=True,
               help="Measure spmd.pipeline instead, against an mpi4py loop, Pool.imap and MPIPoolExecutor "
                    "(separate launches, not under a launcher).")
@@ -153,8 +157,11 @@ def bench(ctx, **opts):
     """
     if opts["memory"] and (opts["startup"] or opts["alone"]):
         raise click.UsageError("--memory runs in a launched world: leave out --startup and --alone")
-    if sum(map(bool, (opts["startup"], opts["pipeline"], opts["preload_modules"]))) > 1:
-        raise click.UsageError("--startup, --pipeline and --preload are separate benchmarks: choose one")
+    if sum(map(bool, (opts["startup"], opts["pipeline"], opts["preload_modules"], opts["train"]))) > 1:
+        raise click.UsageError("--startup, --pipeline, --preload and --train are separate benchmarks: choose one")
+    if opts["train"]:
+        _train(opts)
+        return
     if opts["preload_modules"]:
         _preload(opts)
         return
@@ -273,6 +280,27 @@ def _pipeline(opts):
     except (SpmdError, subprocess.TimeoutExpired) as exc:
         raise click.ClickException(str(exc)) from None
     doc["load_average_end"] = list(os.getloadavg())
+    if opts["json_path"]:
+        write_json(opts["json_path"], doc)
+        click.echo(f"wrote {opts['json_path']}", err=True)
+
+
+def _train(opts):
+    from ..bench import train
+    from ..bench.report import write_json
+
+    given = click.get_current_context().get_parameter_source("pipeline_ranks")
+    text = opts["pipeline_ranks"] if given == click.core.ParameterSource.COMMANDLINE else "1,2,4"
+    try:
+        ranks = tuple(int(n) for n in text.split(",") if n.strip())
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    progress = None if opts["quiet"] else (lambda line: click.echo(line, err=True))
+    try:
+        doc = train.bench(ranks, opts["repeats"] or 5, progress=progress)
+    except (SpmdError, subprocess.TimeoutExpired) as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(train.report(doc))
     if opts["json_path"]:
         write_json(opts["json_path"], doc)
         click.echo(f"wrote {opts['json_path']}", err=True)
