@@ -13,12 +13,20 @@ rank holds the same gradients: the sum over ranks and micro-batches
 divided by ``size * accum_steps``, so a mean loss per micro-batch gives
 the gradient of the mean over the whole global batch.
 
-Gradients travel in flat buckets of about ``bucket_mb`` megabytes, one
-all_reduce per bucket, in reverse parameter order (the order backward
-produces them).  With ``overlap=True`` a bucket is sent, asynchronously,
-as soon as backward has produced all its gradients, and ``synchronize``
-waits for them.  Buckets always leave in the same order on every rank,
-so ranks whose graphs differ cannot deadlock.  A parameter that gets no
+Gradients travel in flat buckets of about ``bucket_mb`` megabytes (25;
+with overlap a quarter of the model's gradients, 1 to 25), one
+all_reduce per bucket, in reverse parameter order (about the order
+backward produces them).  With ``overlap=True`` a bucket is sent,
+asynchronously, as soon as backward has produced all its gradients, and
+``synchronize`` waits for them.  After the first step the buckets follow
+the order in which rank 0's backward produced the gradients, and a
+parameter that got none in the last step holds no bucket back (one that
+then gets one after its bucket left is added in synchronize).  Each
+gradient hook also tests the buckets in flight, which is what moves an
+MPI all_reduce on while backward runs (MPI progresses only inside its
+calls), and writes back the averages that are in.  Buckets always leave
+in the same order on every rank, so ranks whose graphs differ cannot
+deadlock.  A parameter that gets no
 gradient on a rank counts as zeros there; one that gets none on any rank
 keeps ``grad is None``, as in single-process training (and torch's
 DistributedDataParallel).  Frozen parameters (``requires_grad=False``)
@@ -43,6 +51,7 @@ from .errors import DataParallelError
 
 __all__ = [
     "DataParallel",
+    "auto_bucket_mb",
     "plan_buckets",
     "broadcast_tensors",
     "gather_metrics",
@@ -87,6 +96,22 @@ def plan_buckets(tensors, bucket_bytes):
     return buckets
 
 
+def auto_bucket_mb(params, overlap):
+    """Return the default bucket size: 25 MB; with overlap a quarter of the gradients, 1 to 25 MB.
+
+    One all_reduce per 25 MB costs least when nothing overlaps.  With
+    overlap, a model smaller than that would travel in one bucket, which
+    leaves only at the end of backward: four buckets let three of them go
+    while backward runs, and cost few calls (each costs 0.3-1 ms on gloo
+    here; with 1-2 MB buckets the calls cost more than they hid,
+    docs/performance.md).
+    """
+    if not overlap:
+        return 25.0
+    total = sum(p.numel() * p.element_size() for p in params) / _MB
+    return min(25.0, max(1.0, total / 4))
+
+
 def broadcast_tensors(tensors, comm=None, root=0, bucket_mb=25.0):
     """Copy root's values into tensors on every rank, a few flat broadcasts at a time."""
     comm = _default_comm(comm)
@@ -121,8 +146,16 @@ class _Bucket:
         wire = COMPRESS[compress]
         compressible = wire is not None and self.flat.is_floating_point()
         self.wire = torch.zeros(offset, dtype=wire) if compressible else None
-        self.ready = set()  # ids of parameters whose gradient is final (overlap)
+        # Overlap: ids of parameters whose gradient is final, how many of those
+        # expected (not presumed absent) are still to come, whether a presumed
+        # absent one came after the bucket left, and whether the result is in.
+        self.ready = set()
+        self.pending = len(params)
+        self.late = self.landed = self.written = False
         self.handle = None
+        # Overlap: what a presumed absent parameter's gradient was when the bucket
+        # left without it (None: it had none), so that a late one can be added.
+        self.sent_as = {}
 
     @property
     def nbytes(self):
@@ -146,14 +179,39 @@ class _Bucket:
         self.wire.copy_(self.flat)
         return self.wire
 
-    def unpack(self, divisor, used):
-        """Write the averaged gradients back; leave globally unused ones alone."""
+    def land(self, divisor):
+        """Once the all_reduce is done: the averages into flat (divide, or widen the wire)."""
         if self.wire is None:
             self.flat.div_(divisor)
         else:
             self.flat.copy_(self.wire)
+        self.landed = True
+
+    def _early(self, p):
+        """Tell whether p's average can be written during backward: its gradient is in and was sent."""
+        return id(p) in self.ready and id(p) not in self.sent_as
+
+    def write_early(self):
+        """During backward: write the averages of the parameters that have their gradient here.
+
+        Those are used (by this rank), so the used map cannot veto them;
+        one the bucket left without is skipped: its gradient may still come.
+        """
+        self._write(self._early)
+        self.written = True
+
+    def unpack(self, divisor, used):
+        """Write the averaged gradients back; leave globally unused ones alone."""
+        if not self.landed:
+            self.land(divisor)
+        if self.written:  # the rest only
+            self._write(lambda p: used[id(p)] and not self._early(p))
+        else:
+            self._write(lambda p: used[id(p)])
+
+    def _write(self, which):
         for p, (offset, n) in zip(self.params, self.slices):
-            if not used[id(p)]:
+            if not which(p):
                 continue
             avg = self.flat[offset : offset + n].view_as(p)
             if p.grad is None:
@@ -161,48 +219,69 @@ class _Bucket:
             else:
                 p.grad.copy_(avg)
 
+    def lateness(self):
+        """Return what gradients that came after the bucket left add to it here (zeros elsewhere)."""
+        delta = torch.zeros_like(self.flat)
+        for p, (offset, n) in zip(self.params, self.slices):
+            if id(p) in self.sent_as and id(p) in self.ready:
+                before = self.sent_as[id(p)]
+                g = p.grad if before is None else p.grad - before
+                delta[offset : offset + n].copy_(g.reshape(-1))
+        return delta
+
 
 class DataParallel:
     """Keep a model identical on every rank by averaging its gradients.
 
     model: a torch.nn.Module on the CPU, built the same way on every rank.
     comm: the communicator (default: spmd.comm).
-    bucket_mb: target size of one gradient all_reduce, in megabytes.
+    bucket_mb: target size of one gradient all_reduce, in megabytes
+        (default: 25; with overlap a quarter of the gradients, 1 to 25).
     overlap: send each bucket from a gradient hook while backward runs.
     compress: None, "fp16" or "bf16": the dtype gradients travel in.
     accum_steps: micro-batches per optimizer step (see ``backward``).
     root: the rank whose parameters every rank starts from.
     """
 
-    def __init__(self, model, comm=None, *, bucket_mb=25.0, overlap=False, compress=None,
+    def __init__(self, model, comm=None, *, bucket_mb=None, overlap=False, compress=None,
                  accum_steps=1, root=0):
-        if not isinstance(bucket_mb, (int, float)) or not bucket_mb > 0:
-            raise DataParallelError(f"bucket_mb must be a positive number, got {bucket_mb!r}")
+        if bucket_mb is not None and (isinstance(bucket_mb, bool) or not isinstance(bucket_mb, (int, float))
+                                      or not bucket_mb > 0):
+            raise DataParallelError(f"bucket_mb must be a positive number (or None), got {bucket_mb!r}")
         if compress not in COMPRESS:
             raise DataParallelError(f"compress must be one of None, 'fp16', 'bf16', got {compress!r}")
         if isinstance(accum_steps, bool) or not isinstance(accum_steps, int) or accum_steps < 1:
             raise DataParallelError(f"accum_steps must be an integer >= 1, got {accum_steps!r}")
         self.module = model
         self.comm = _default_comm(comm)
-        self.bucket_mb = bucket_mb
         self.overlap = bool(overlap)
         self.compress = None if compress == "none" else compress
         self.accum_steps = accum_steps
         self.params = [p for p in model.parameters() if p.requires_grad]
-        order = self.params[::-1]  # backward produces the last layers' gradients first
-        self.buckets = [
-            _Bucket(i, [order[j] for j in idx], self.compress)
-            for i, idx in enumerate(plan_buckets(order, bucket_mb * _MB))
-        ]
-        self._bucket_of = {id(p): b for b in self.buckets for p in b.params}
+        self.bucket_mb = auto_bucket_mb(self.params, self.overlap) if bucket_mb is None else bucket_mb
+        self._plan(self.params[::-1])  # backward produces the last layers' gradients first
+        self._order = None  # overlap: the order the hooks saw, until the buckets follow it
         self._sync = True
         self._micro = 0
         self._next = 0  # index of the next bucket to send
+        self._landed = 0  # overlap: buckets before this one are averaged and written back
+        # Overlap: ids of the parameters that got no gradient in the last averaged
+        # backward; their buckets do not wait for them (see _on_grad).
+        self._absent = set()
         self._hooks = []
         self._check_same_model()
         self.broadcast_parameters(root)
         if self.overlap and self.comm.size > 1:
             self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for p in self.params]
+            self._order = []
+
+    def _plan(self, order):
+        """Group the parameters, taken in order, into buckets."""
+        self.buckets = [
+            _Bucket(i, [order[j] for j in idx], self.compress)
+            for i, idx in enumerate(plan_buckets(order, self.bucket_mb * _MB))
+        ]
+        self._bucket_of = {id(p): b for b in self.buckets for p in b.params}
 
     def __repr__(self):
         return (
@@ -272,24 +351,54 @@ class DataParallel:
             self._sync = before
 
     def _on_grad(self, p):
-        """Gradient hook (overlap): send every bucket that is complete, in order."""
+        """Gradient hook (overlap): send every bucket that is complete, in order.
+
+        A bucket is complete when every parameter of it that is expected
+        has its gradient: one that got none in the last averaged backward
+        (the pooler of a BERT trained on masked tokens only) is presumed
+        absent, so its bucket does not wait for the end of backward.  If
+        such a gradient comes after its bucket left, synchronize adds it to
+        the average in one more all_reduce of that bucket, on every rank
+        (each learns which buckets from the used map).  Each hook
+        also tests the buckets in flight, oldest first, which drives MPI's
+        progress during backward, and writes back the averages that are in.
+        """
         if not self._sync:
             return
         b = self._bucket_of[id(p)]
-        if b.index < self._next or id(p) in b.ready:
+        if id(p) in b.ready:
             raise DataParallelError(
                 "DataParallel: a parameter got a second gradient before the first was "
                 "averaged; call synchronize() after each backward (or use dp.backward(loss)), "
                 "and run accumulation micro-batches inside no_sync()"
             )
         b.ready.add(id(p))
-        while self._next < len(self.buckets):
-            nxt = self.buckets[self._next]
-            if len(nxt.ready) < len(nxt.params):
-                break
-            self._send(nxt)
+        if self._order is not None:
+            self._order.append(p)
+        if b.index < self._next:  # left already: p was presumed absent
+            b.late = True
+            return
+        if id(p) not in self._absent:
+            b.pending -= 1
+        while self._next < len(self.buckets) and self.buckets[self._next].pending <= 0:
+            self._send(self.buckets[self._next])
+        self._progress()
+
+    def _progress(self):
+        """Land the buckets whose all_reduce is done, oldest first; stop at one still in flight."""
+        while self._landed < self._next:
+            b = self.buckets[self._landed]
+            if not b.handle.is_completed():
+                return
+            b.handle.wait()
+            b.land(self.divisor)
+            b.write_early()
+            self._landed += 1
 
     def _send(self, b):
+        if self._absent:
+            b.sent_as = {id(p): None if p.grad is None else p.grad.detach().clone()
+                         for p in b.params if id(p) in self._absent and id(p) not in b.ready}
         b.handle = self.comm.all_reduce(b.pack(self.divisor), async_op=True)
         self._next = b.index + 1
 
@@ -309,21 +418,57 @@ class DataParallel:
                 return
             while self._next < len(self.buckets):
                 self._send(self.buckets[self._next])
-            used = torch.tensor([p.grad is not None for p in self.params], dtype=torch.int32)
-            self.comm.all_reduce(used)
-            used = {id(p): bool(u) for p, u in zip(self.params, used.tolist())}
+            flags = [p.grad is not None for p in self.params]
+            if self._hooks:  # overlap: and the buckets that a late gradient missed
+                flags += [b.late for b in self.buckets]
+            flags = torch.tensor(flags, dtype=torch.int32)
+            self.comm.all_reduce(flags)
+            flags = flags.tolist()
+            used = {id(p): bool(u) for p, u in zip(self.params, flags)}
+            late = [b for b, n in zip(self.buckets, flags[len(self.params):]) if n]
+            deltas = [b.lateness() for b in late]  # before unpack overwrites the late gradients
             for b in self.buckets:
                 b.handle.wait()
                 b.unpack(self.divisor, used)
+            for b, delta in zip(late, deltas):  # on every rank alike: add what came late
+                self.comm.all_reduce(delta)
+                b.flat.add_(delta.div_(self.divisor))
+                b.written = False
+                b.unpack(self.divisor, used)  # every used one: another rank's lateness changes them here too
+            if self._hooks:
+                self._absent = {id(p) for b in self.buckets for p in b.params if id(p) not in b.ready}
+                if self._order is not None:
+                    self._follow(self._order)
         finally:
             self._reset()
+
+    def _follow(self, seen):
+        """Rebuild the buckets in the order rank 0's first hooks saw the gradients (once).
+
+        Buckets then fill as backward goes (a layer's own order differs
+        from the order its parameters were registered in), so each leaves
+        as soon as it can.  Parameters that got no gradient go last.  Every
+        rank takes rank 0's order: buckets must be the same everywhere.
+        """
+        index = {id(p): i for i, p in enumerate(self.params)}
+        mine = list(dict.fromkeys(index[id(p)] for p in seen))
+        got = set(mine)
+        mine += [i for i in reversed(range(len(self.params))) if i not in got]
+        order = self.comm.broadcast_object(mine if self.comm.rank == 0 else None)
+        self._order = None
+        self._plan([self.params[i] for i in order])
 
     def _reset(self):
         for b in self.buckets:
             b.ready.clear()
+            b.pending = sum(id(p) not in self._absent for p in b.params)
+            b.late = b.landed = b.written = False
             b.handle = None
-        self._next = 0
+            b.sent_as = {}
+        self._next = self._landed = 0
         self._micro = 0
+        if self._order:  # a step that failed before the buckets followed it: start again
+            self._order = []
 
     def close(self):
         """Remove the gradient hooks; the model stays as it is."""

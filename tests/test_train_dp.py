@@ -26,6 +26,7 @@ from spmd.comms.serial import SerialComm
 from spmd.data_parallel import (
     DataParallel,
     atomic_save,
+    auto_bucket_mb,
     gather_metrics,
     load_checkpoint,
     plan_buckets,
@@ -185,6 +186,17 @@ def test_plan_buckets_fills_up_to_the_limit_and_never_splits():
 
 
 @pytest.mark.unit
+def test_default_bucket_size_is_25_mb_and_with_overlap_a_quarter_of_the_model():
+    mb = [torch.zeros(1 << 18)]  # 1 MiB of float32
+    assert auto_bucket_mb(mb * 12, overlap=False) == 25.0
+    assert auto_bucket_mb(mb * 12, overlap=True) == 3.0
+    assert auto_bucket_mb(mb * 2, overlap=True) == 1.0  # at least 1
+    assert auto_bucket_mb(mb * 400, overlap=True) == 25.0  # at most 25
+    assert DataParallel(Branchy(), SerialComm()).bucket_mb == 25.0
+    assert DataParallel(Branchy(), SerialComm(), bucket_mb=2).bucket_mb == 2
+
+
+@pytest.mark.unit
 def test_plan_buckets_keeps_dtypes_apart():
     t = [torch.zeros(10), torch.zeros(10, dtype=torch.float64), torch.zeros(10), torch.zeros(10, dtype=torch.float64)]
     assert plan_buckets(t, 1000) == [[0, 2], [1, 3]]
@@ -242,13 +254,14 @@ def test_gradients_are_the_full_batch_mean_on_every_rank(overlap, accum):
                 for p in model.parameters():
                     p.add_(1.0)
         dp = DataParallel(model, comm, bucket_mb=100 / 2**20, overlap=overlap, accum_steps=accum)
+        buckets = len(dp.buckets)  # of this step (with overlap they follow backward's order after it)
         n = 8 // (comm.size * accum)
         stepped = []
         for i in range(accum):
             lo = (comm.rank * accum + i) * n
             stepped.append(dp.backward(loss_of(model, x[lo : lo + n], y[lo : lo + n])))
         assert stepped == [False] * (accum - 1) + [True]
-        return grads(model), model.state_dict(), len(dp.buckets)
+        return grads(model), model.state_dict(), buckets
 
     (out, world) = ok(run_ranks(2, rank))
     expected = grads(ref)
@@ -290,6 +303,65 @@ def test_a_parameter_unused_on_some_ranks_counts_as_zeros(overlap):
                 assert g[name] is None, name
             else:
                 torch.testing.assert_close(g[name], want, rtol=1e-5, atol=1e-7)
+
+
+class Stem(nn.Module):
+    """A trunk and a head, and below the trunk a stem that only some steps use."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Linear(4, 4)
+        self.trunk = nn.Linear(4, 6)
+        self.head = nn.Linear(6, 3)
+
+    def forward(self, x, stem=False):
+        return self.head(torch.tanh(self.trunk(torch.tanh(self.stem(x)) if stem else x)))
+
+
+@pytest.mark.unit
+def test_overlap_learns_which_parameters_get_no_gradient_and_adds_late_ones():
+    torch.manual_seed(0)
+    base = Stem()
+    x, y = data(8)
+
+    def loss(model, lo, stem):
+        return ((model(x[lo : lo + 4], stem) - y[lo : lo + 4]) ** 2).mean()
+
+    # Whether rank 1 uses the stem, per step (rank 0 never does).  At step 2 the
+    # stem has been learned to get nothing: its buckets leave after the trunk's,
+    # and its gradients come after that, late.
+    plan = [False, False, True, True]
+
+    def rank(comm):
+        model = copy.deepcopy(base)
+        dp = DataParallel(model, comm, bucket_mb=1e-9, overlap=True)  # a bucket per parameter
+        out = []
+        for stem in plan:
+            before = len(comm.world.calls[comm.rank])
+            loss(model, comm.rank * 4, stem and comm.rank == 1).backward()
+            during = len(comm.world.calls[comm.rank]) - before
+            dp.synchronize()
+            out.append((grads(model), during, len(comm.world.calls[comm.rank]) - before))
+            model.zero_grad(set_to_none=True)
+        return out, [[n for n, q in model.named_parameters() if q is b.params[0]][0] for b in dp.buckets]
+
+    (out, _) = ok(run_ranks(2, rank))
+    # After the first step the buckets follow backward's order; the stem, which got nothing, goes last.
+    assert out[0][1][-2:] == ["stem.bias", "stem.weight"] and out[0][1] == out[1][1]
+    for step, stem in enumerate(plan):
+        ref = copy.deepcopy(base)
+        ((loss(ref, 0, False) + loss(ref, 4, stem)) / 2).backward()
+        for r in range(2):
+            got, during, calls = out[r][0][step]
+            for name, want in grads(ref).items():
+                if want is None:
+                    assert got[name] is None, (step, r, name)
+                else:
+                    torch.testing.assert_close(got[name], want, rtol=1e-5, atol=1e-7)
+            # Step 0: the stem's buckets wait for synchronize; later every bucket leaves in backward.
+            assert during == (4 if step == 0 else 6), (step, r, during)
+            # Six buckets and the used map; at step 2 both stem buckets once more, on both ranks.
+            assert calls == 7 + (2 if step == 2 else 0), (step, r, calls)
 
 
 @pytest.mark.unit
