@@ -109,7 +109,7 @@ def digest(record):
     row["comm"] = row["backward"] + row["sync"] - row["local_backward"] if row["local_backward"] else None
     row["other"] = row["step_mean_ms"] - (row["forward"] + row["backward"] + row["sync"] + row["optimizer"])
     row["loss0"] = record["losses"][0]
-    for k in ("ranks", "threads", "params", "backend", "buckets", "bucket_params", "wall_s"):
+    for k in ("ranks", "threads", "params", "backend", "bucket_mb", "buckets", "bucket_params", "wall_s"):
         row[k] = record.get(k)
     return row
 
@@ -119,7 +119,7 @@ def _quantile(values, q):
     return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
 
 
-def measure(ranks=(1, 2, 4), repeats=5, steps=30, warmup=5, model=None, cases=None, bucket_mb=25.0,
+def measure(ranks=(1, 2, 4), repeats=5, steps=30, warmup=5, model=None, cases=None, bucket_mb=None,
             probe=True, launcher="auto", progress=None, timeout=900):
     """Run every case at every rank count, interleaved, repeats times; return one row per launch."""
     model = {**MODEL, **(model or {})}
@@ -129,7 +129,7 @@ def measure(ranks=(1, 2, 4), repeats=5, steps=30, warmup=5, model=None, cases=No
         for n in ranks:
             for label, impl, backend, extra in chosen:
                 opts = {**model, "steps": steps, "warmup": warmup, "probe": probe, **extra}
-                if impl == "spmd":
+                if impl == "spmd" and bucket_mb is not None:
                     opts["bucket_mb"] = bucket_mb
                 row = digest(launch(impl, backend, n, opts, launcher, timeout))
                 row.update(case=label, impl=impl, repeat=rep, overlap=bool(extra.get("overlap")),
@@ -278,7 +278,7 @@ def report(doc):
 
 
 def bench(ranks=(1, 2, 4), repeats=5, steps=30, warmup=5, loss_steps=200, loss_ranks=2, loss_backend="mpi",
-          model=None, cases=None, bucket_mb=25.0, launcher="auto", progress=None):
+          model=None, cases=None, bucket_mb=None, launcher="auto", progress=None):
     """Measure everything; return the JSON document (``report(doc)`` makes the text)."""
     model = {**MODEL, **(model or {})}
     doc = {"schema": "spmd-bench-train/1", "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
@@ -306,7 +306,8 @@ def main(argv=None):
     p.add_argument("--layers", type=int, default=MODEL["layers"])
     p.add_argument("--heads", type=int, default=MODEL["heads"])
     p.add_argument("--global-batch", type=int, default=MODEL["global_batch"])
-    p.add_argument("--bucket-mb", type=float, default=25.0, help="DataParallel's bucket_mb [default: 25]")
+    p.add_argument("--bucket-mb", type=float, default=None,
+                   help="DataParallel's bucket_mb [default: DataParallel's: 25, with overlap a quarter of the model]")
     p.add_argument("--loss-steps", type=int, default=200, help="steps of the fp32/bf16 loss runs (0: none)")
     p.add_argument("--loss-ranks", type=int, default=2)
     p.add_argument("--loss-backend", default="mpi", choices=("mpi", "gloo"))

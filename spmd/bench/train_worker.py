@@ -50,7 +50,7 @@ from pathlib import Path
 
 JOB = Path(__file__).resolve().parents[2] / "jobs" / "train_dp.py"
 
-DEFAULTS = {"impl": "spmd", "overlap": False, "compress": None, "bucket_mb": 25.0, "dim": 256, "layers": 4,
+DEFAULTS = {"impl": "spmd", "overlap": False, "compress": None, "bucket_mb": None, "dim": 256, "layers": 4,
             "heads": 4, "global_batch": 64, "seed": 0, "warmup": 5, "steps": 30, "probe": True, "mode": "time"}
 
 PARTS = ("forward", "backward", "sync", "optimizer", "step", "local_forward", "local_backward")
@@ -77,7 +77,7 @@ def _threads(comm, torch):
 
 
 def _wrap(o, model, comm):
-    """Return (the module to call, no_sync context, synchronize or None, description)."""
+    """Return (the module to call, no_sync context, synchronize or None, describe())."""
     if o["impl"] == "ddp":
         import torch.distributed as dist
         from torch.nn.parallel import DistributedDataParallel
@@ -86,12 +86,14 @@ def _wrap(o, model, comm):
             dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
         # The pooler never gets a gradient (as in BERT): DDP must be told to look for such.
         ddp = DistributedDataParallel(model, find_unused_parameters=True)
-        return ddp, ddp.no_sync, None, {"backend": f"torch {dist.get_backend()}", "buckets": None}
+        return ddp, ddp.no_sync, None, lambda: {"backend": f"torch {dist.get_backend()}", "buckets": None}
     from spmd.data_parallel import DataParallel
 
     dp = DataParallel(model, bucket_mb=o["bucket_mb"], overlap=o["overlap"], compress=o["compress"])
-    return model, dp.no_sync, dp.synchronize, {"backend": comm.backend, "buckets": len(dp.buckets),
-                                               "bucket_params": [len(b.params) for b in dp.buckets]}
+    # Read at the end: with overlap the buckets are rebuilt after the first step.
+    return model, dp.no_sync, dp.synchronize, lambda: {
+        "backend": comm.backend, "bucket_mb": dp.bucket_mb, "buckets": len(dp.buckets),
+        "bucket_params": [len(b.params) for b in dp.buckets]}
 
 
 def run(o):
@@ -104,7 +106,7 @@ def run(o):
     job = load_job()
     threads = _threads(comm, torch)
     model = job.build_model(o["seed"], o["dim"], o["layers"], o["heads"])
-    net, no_sync, synchronize, about = _wrap(o, model, comm)
+    net, no_sync, synchronize, describe = _wrap(o, model, comm)
     optimizer = job.make_optimizer(model, "adamw")
     total = o["warmup"] + o["steps"]
     batches = [job.rank_batches(o["seed"], s, o["global_batch"], comm.rank, comm.size)[0] for s in range(total)]
@@ -152,7 +154,7 @@ def run(o):
         n = comm.size
         record = {
             "ranks": n, "threads": threads, "params": sum(p.numel() for p in model.parameters()),
-            **about, "wall_s": max(r["wall"] for r in everyone),
+            **describe(), "wall_s": max(r["wall"] for r in everyone),
             "losses": [sum(r["losses"][i] for r in everyone) / n for i in range(total)],
             "parts": {k: [r["parts"][k] for r in everyone] for k in PARTS},  # [rank][step]
             "warmup": o["warmup"], "steps": o["steps"],
@@ -160,7 +162,7 @@ def run(o):
         print("TRAIN_BENCH " + json.dumps(record), flush=True)
     # DDP's reducer holds the process group, and gloo's threads stop only once
     # nothing holds it: drop it before finalize destroys the group.
-    del net, no_sync, synchronize, optimizer, model
+    del net, no_sync, synchronize, describe, optimizer, model
     import gc
 
     gc.collect()
