@@ -379,11 +379,13 @@ def test_a_hang_prints_where_every_rank_is(launcher):
 @pytest.mark.timeout(240)
 def test_sigusr2_prints_where_every_rank_is_and_the_job_goes_on():
     proc = start(LAUNCHERS["mpirun"](2) + [REPORT, "usr2"], clean_env(SPMD_TIMEOUT=60))
-    lines = []
+    lines, ready = [], {}
     for line in proc.stdout:
         lines.append(line)
-        if line.startswith("READY rank 1 pid "):
-            os.kill(int(line.split()[-1]), signal.SIGUSR2)
+        if line.startswith("READY rank "):
+            ready[line.split()[2]] = int(line.split()[-1])
+        if len(ready) == 2:  # both past their print, on their way to the sleep (line 31)
+            os.kill(ready["1"], signal.SIGUSR2)
             break
     # The rest from the same file object: communicate() would read the pipe beneath
     # it and lose what this iteration had already buffered.
