@@ -153,6 +153,7 @@ class _Bucket:
         self.pending = len(params)
         self.late = self.landed = self.written = False
         self.handle = None
+        self.source = None  # (tensor, divisor or None) the averages are read from, once landed
         # Overlap: what a presumed absent parameter's gradient was when the bucket
         # left without it (None: it had none), so that a late one can be added.
         self.sent_as = {}
@@ -163,6 +164,7 @@ class _Bucket:
 
     def pack(self, divisor):
         """Copy the gradients in, zeros for missing ones; compress if asked."""
+        wire = self.wire is not None
         for p, (offset, n) in zip(self.params, self.slices):
             part = self.flat[offset : offset + n]
             g = p.grad
@@ -170,22 +172,32 @@ class _Bucket:
                 part.zero_()
             elif g.is_sparse:
                 raise DataParallelError("DataParallel supports dense gradients only; got a sparse one")
+            elif wire:  # divide before casting down, so that the sum stays within range
+                torch.div(g.reshape(-1), divisor, out=part)
             else:
                 part.copy_(g.reshape(-1))
-        if self.wire is None:
+        if not wire:
             return self.flat
-        # Divide before casting down, so that the sum stays within range.
-        self.flat.div_(divisor)
         self.wire.copy_(self.flat)
         return self.wire
 
     def land(self, divisor):
-        """Once the all_reduce is done: the averages into flat (divide, or widen the wire)."""
-        if self.wire is None:
-            self.flat.div_(divisor)
-        else:
-            self.flat.copy_(self.wire)
+        """Once the all_reduce is done: say where the averages are read from.
+
+        Nothing moves here: the sums in flat are divided, or the wire's
+        averages widened, as they are copied into the gradients (one pass).
+        """
+        self.source = (self.flat, divisor) if self.wire is None else (self.wire, None)
         self.landed = True
+
+    def average(self, divisor):
+        """Make flat hold the averages themselves (before a late gradient is added to them)."""
+        src, div = self.source
+        if div is not None:
+            self.flat.div_(div)
+        else:
+            self.flat.copy_(src)
+        self.source = (self.flat, None)
 
     def _early(self, p):
         """Tell whether p's average can be written during backward: its gradient is in and was sent."""
@@ -210,14 +222,17 @@ class _Bucket:
             self._write(lambda p: used[id(p)])
 
     def _write(self, which):
+        src, div = self.source
         for p, (offset, n) in zip(self.params, self.slices):
             if not which(p):
                 continue
-            avg = self.flat[offset : offset + n].view_as(p)
+            part = src[offset : offset + n].view_as(p)
             if p.grad is None:
-                p.grad = avg.clone()
+                p.grad = part / div if div is not None else part.to(p.dtype, copy=True)
+            elif div is not None:
+                torch.div(part, div, out=p.grad)
             else:
-                p.grad.copy_(avg)
+                p.grad.copy_(part)
 
     def lateness(self):
         """Return what gradients that came after the bucket left add to it here (zeros elsewhere)."""
@@ -432,6 +447,7 @@ class DataParallel:
                 b.unpack(self.divisor, used)
             for b, delta in zip(late, deltas):  # on every rank alike: add what came late
                 self.comm.all_reduce(delta)
+                b.average(self.divisor)
                 b.flat.add_(delta.div_(self.divisor))
                 b.written = False
                 b.unpack(self.divisor, used)  # every used one: another rank's lateness changes them here too
