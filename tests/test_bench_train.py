@@ -32,6 +32,7 @@ def test_summary_medians_spread_ratios_and_hidden_fractions():
     ddp = s[("DDP gloo", 2)]
     assert ddp["step_ms"] == 100.0 and ddp["min_ms"] == 99.0 and ddp["max_ms"] == 102.0
     assert ddp["spread"] == pytest.approx(0.03) and ddp["within_5pct"] and ddp["repeats"] == 3
+    assert ddp["stability"] == pytest.approx(0.01)  # leaving out 99 moves the median to 101
     assert s[("spmd gloo", 2)]["vs_ddp"] == pytest.approx(100 / 80)
     assert s[("spmd mpi", 2)]["vs_ddp"] == 2.0 and s[("spmd mpi", 2)]["spread"] == 0
     assert ddp["vs_ddp"] == 1.0

@@ -167,7 +167,7 @@ def summary(rows):
         meds = [r["step_ms"] for r in mine]
         med = statistics.median(meds)
         s = {"step_ms": med, "min_ms": min(meds), "max_ms": max(meds), "repeats": len(meds),
-             "spread": (max(meds) - min(meds)) / med}
+             "spread": (max(meds) - min(meds)) / med, "stability": _stability(meds)}
         s["within_5pct"] = s["spread"] <= 0.05
         for k in BREAKDOWN:
             vals = [r[k] for r in mine if r.get(k) is not None]
@@ -178,6 +178,14 @@ def summary(rows):
         ddp = out.get((DDP, n))
         s["vs_ddp"] = ddp["step_ms"] / s["step_ms"] if ddp else None  # > 1: faster than DDP
     return out
+
+
+def _stability(values):
+    """How far the median moves when any one repeat is left out, relative to it (0 with fewer than 3)."""
+    if len(values) < 3:
+        return 0.0
+    med = statistics.median(values)
+    return max(abs(statistics.median(values[:i] + values[i + 1:]) - med) for i in range(len(values))) / med
 
 
 def hidden(s, backend, n):
@@ -247,15 +255,18 @@ def report(doc):
              f"global batch {gb}, AdamW; {doc['warmup']} warm-up + {doc['steps']} timed steps per launch, "
              f"{doc['repeats']} repeats; ms per step: median of the repeats' medians (slowest rank per step)",
              "",
-             f"{'case':<18} {'ranks':>5} {'ms/step':>8} {'spread':>7} {'<=5%':>4} {'samples/s':>9} {'vs DDP':>6}"
+             f"{'case':<18} {'ranks':>5} {'ms/step':>8} {'spread':>7} {'<=5%':>4} {'stable':>6} {'samples/s':>9}"
+             f" {'vs DDP':>6}"
              f" | {'fwd':>6} {'bwd(l)':>6} {'comm':>6} {'sync':>6} {'opt':>6} {'other':>6}"]
     for (case, n), v in sorted(s.items(), key=lambda kv: (kv[0][1], [c[0] for c in CASES].index(kv[0][0]))):
         lines.append(
             f"{case:<18} {n:>5} {v['step_ms']:>8.1f} {v['spread']:>6.1%} {'yes' if v['within_5pct'] else 'no':>4} "
-            f"{gb / v['step_ms'] * 1e3:>9.0f} {_f(v['vs_ddp'], '{:.2f}x'):>6} | {_f(v['forward']):>6} "
+            f"{v['stability']:>5.1%} {gb / v['step_ms'] * 1e3:>9.0f} {_f(v['vs_ddp'], '{:.2f}x'):>6} | {_f(v['forward']):>6} "
             f"{_f(v['local_backward']):>6} {_f(v['comm']):>6} {_f(v['sync']):>6} {_f(v['optimizer']):>6} "
             f"{_f(v['other']):>6}")
-    lines += ["", "fwd: forward; bwd(l): the local backward (no_sync probe); comm: not hidden (backward + sync - "
+    lines += ["", "spread: (max - min) / median of the repeats' medians; stable: the most the median moves when "
+              "one repeat is left out",
+              "fwd: forward; bwd(l): the local backward (no_sync probe); comm: not hidden (backward + sync - "
               "bwd(l)); sync: in synchronize() (spmd); opt: optimizer; other: the rest of the step; ms, means",
               "vs DDP: DDP gloo's ms/step / this case's, same ranks (above 1: faster than DDP)", ""]
     for backend in ("gloo", "mpi"):
