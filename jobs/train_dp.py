@@ -266,7 +266,8 @@ def finish(o, model, first, loss, seconds):
                    "a resumed checkpoint keeps its own].")
 @click.option("--bucket-mb", default=None, type=click.FloatRange(min=0, min_open=True),
               help="Size of one gradient all_reduce, in megabytes "
-                   "[default: 25; with --overlap a quarter of the gradients, 1 to 25].")
+                   "[default: 25; with --overlap a quarter of the gradients, 1 to 25, "
+                   "unless the node has more ranks than CPUs].")
 @click.option("--overlap/--no-overlap", default=False, show_default=True,
               help="All-reduce each bucket asynchronously during backward.")
 @click.option("--accum-steps", default=1, show_default=True, type=click.IntRange(min=1),

@@ -14,23 +14,24 @@ divided by ``size * accum_steps``, so a mean loss per micro-batch gives
 the gradient of the mean over the whole global batch.
 
 Gradients travel in flat buckets of about ``bucket_mb`` megabytes (25;
-with overlap a quarter of the model's gradients, 1 to 25), one
-all_reduce per bucket, in reverse parameter order (about the order
-backward produces them).  With ``overlap=True`` a bucket is sent,
-asynchronously, as soon as backward has produced all its gradients, and
-``synchronize`` waits for them.  After the first step the buckets follow
-the order in which rank 0's backward produced the gradients, and a
-parameter that got none in the last step holds no bucket back (one that
-then gets one after its bucket left is added in synchronize).  Each
-gradient hook also tests the buckets in flight, which is what moves an
-MPI all_reduce on while backward runs (MPI progresses only inside its
-calls), and writes back the averages that are in.  Buckets always leave
-in the same order on every rank, so ranks whose graphs differ cannot
-deadlock.  A parameter that gets no
-gradient on a rank counts as zeros there; one that gets none on any rank
-keeps ``grad is None``, as in single-process training (and torch's
-DistributedDataParallel).  Frozen parameters (``requires_grad=False``)
-are broadcast at the start and never communicated.
+with overlap a quarter of the model's gradients, 1 to 25, unless the
+node has more ranks than CPUs), one all_reduce per bucket, in reverse
+parameter order (about the order backward produces them).  With
+``overlap=True`` a bucket is sent, asynchronously, as soon as backward
+has produced all its gradients, and ``synchronize`` waits for them.
+After the first step the buckets follow the order in which rank 0's
+backward produced the gradients, and a parameter that got none in the
+last step holds no bucket back (one that then gets one after its bucket
+left is added in synchronize).  Each gradient hook also tests the
+buckets in flight, which is what moves an MPI all_reduce on while
+backward runs (MPI progresses only inside its calls), and writes back
+the averages that are in.  Buckets always leave in the same order on
+every rank, so ranks whose graphs differ cannot deadlock.  A parameter
+that gets no gradient on a rank counts as zeros there; one that gets
+none on any rank keeps ``grad is None``, as in single-process training
+(and torch's DistributedDataParallel).  Frozen parameters
+(``requires_grad=False``) are broadcast at the start and never
+communicated.
 
 Also here: :func:`gather_metrics` (per-rank values to the root).
 Checkpoints written atomically by the root (:func:`save_checkpoint`,
@@ -43,6 +44,7 @@ Importing this module imports torch; ``import spmd`` does not import it.
 
 import contextlib
 import hashlib
+import os
 
 import torch
 
@@ -96,17 +98,21 @@ def plan_buckets(tensors, bucket_bytes):
     return buckets
 
 
-def auto_bucket_mb(params, overlap):
+def auto_bucket_mb(params, overlap, crowded=False):
     """Return the default bucket size: 25 MB; with overlap a quarter of the gradients, 1 to 25 MB.
 
     One all_reduce per 25 MB costs least when nothing overlaps.  With
     overlap, a model smaller than that would travel in one bucket, which
     leaves only at the end of backward: four buckets let three of them go
     while backward runs, and cost few calls (each costs 0.3-1 ms on gloo
-    here; with 1-2 MB buckets the calls cost more than they hid,
-    docs/performance.md).
+    here; with 1-2 MB buckets the calls cost more than they hid).  crowded
+    (more ranks on the node than it has CPUs): 25 MB with overlap too.
+    Ranks that share cores make every collective a round of waiting for
+    descheduled peers, and leave no CPU free to hide communication
+    behind: TinyBert at 4 ranks on 2 cores took 8-10 ms more per step in
+    5 buckets than in one, overlapped or not (docs/performance.md).
     """
-    if not overlap:
+    if not overlap or crowded:
         return 25.0
     total = sum(p.numel() * p.element_size() for p in params) / _MB
     return min(25.0, max(1.0, total / 4))
@@ -251,7 +257,8 @@ class DataParallel:
     model: a torch.nn.Module on the CPU, built the same way on every rank.
     comm: the communicator (default: spmd.comm).
     bucket_mb: target size of one gradient all_reduce, in megabytes
-        (default: 25; with overlap a quarter of the gradients, 1 to 25).
+        (default: 25; with overlap a quarter of the gradients, 1 to 25,
+        unless this node has more ranks than CPUs: see auto_bucket_mb).
     overlap: send each bucket from a gradient hook while backward runs.
     compress: None, "fp16" or "bf16": the dtype gradients travel in.
     accum_steps: micro-batches per optimizer step (see ``backward``).
@@ -273,7 +280,10 @@ class DataParallel:
         self.compress = None if compress == "none" else compress
         self.accum_steps = accum_steps
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.bucket_mb = auto_bucket_mb(self.params, self.overlap) if bucket_mb is None else bucket_mb
+        if bucket_mb is None:
+            crowded = getattr(self.comm, "local_size", 1) > (os.cpu_count() or 1)
+            bucket_mb = auto_bucket_mb(self.params, self.overlap, crowded)
+        self.bucket_mb = bucket_mb
         self._plan(self.params[::-1])  # backward produces the last layers' gradients first
         self._order = None  # overlap: the order the hooks saw, until the buckets follow it
         self._sync = True

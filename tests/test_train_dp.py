@@ -186,12 +186,13 @@ def test_plan_buckets_fills_up_to_the_limit_and_never_splits():
 
 
 @pytest.mark.unit
-def test_default_bucket_size_is_25_mb_and_with_overlap_a_quarter_of_the_model():
+def test_default_bucket_size_is_25_mb_and_with_overlap_a_quarter_of_the_model_unless_crowded():
     mb = [torch.zeros(1 << 18)]  # 1 MiB of float32
     assert auto_bucket_mb(mb * 12, overlap=False) == 25.0
     assert auto_bucket_mb(mb * 12, overlap=True) == 3.0
     assert auto_bucket_mb(mb * 2, overlap=True) == 1.0  # at least 1
     assert auto_bucket_mb(mb * 400, overlap=True) == 25.0  # at most 25
+    assert auto_bucket_mb(mb * 12, overlap=True, crowded=True) == 25.0  # more ranks than CPUs
     assert DataParallel(Branchy(), SerialComm()).bucket_mb == 25.0
     assert DataParallel(Branchy(), SerialComm(), bucket_mb=2).bucket_mb == 2
 
