@@ -45,6 +45,7 @@ STRIPPED = (
 
 GRACE = 3.0  # seconds between SIGTERM and SIGKILL
 POLL = 0.05  # seconds between checks of the children
+SETTLE = 3.0  # seconds the other ranks get to report a failure and exit by themselves
 
 
 def child_env(rank, size, *, port, master_addr="127.0.0.1", backend=None,
@@ -209,23 +210,30 @@ def _supervise(procs, stop):
                 continue
             del live[rank]
             if code != 0:
-                return _first_cause(procs, rank, code)
+                return _first_cause(procs, rank, code, stop)
         time.sleep(POLL)
     return None
 
 
-def _first_cause(procs, rank, code):
-    """Prefer the rank that failed over ranks that its failure ended."""
-    if code != PEER_EXIT:
-        return rank, code
-    deadline = time.monotonic() + 1.0
-    while time.monotonic() < deadline:
-        for r, p in enumerate(procs):
-            c = p.poll()
-            if c not in (None, 0, PEER_EXIT):
-                return r, c
+def _first_cause(procs, rank, code, stop=()):
+    """Return the failure to report: the rank that failed, not ranks its failure ended.
+
+    The other ranks get up to SETTLE seconds to exit by themselves before
+    they are terminated: the hub in rank 0 needs that moment to name a rank
+    that died without a word (a SIGKILL), and a rank that raised may exit
+    a moment after the peers it brought down (status PEER_EXIT), whose
+    status must not stand for its own.
+    """
+    first = (rank, code) if code != PEER_EXIT else None
+    deadline = time.monotonic() + SETTLE
+    while time.monotonic() < deadline and not stop:
+        codes = [p.poll() for p in procs]
+        if first is None:
+            first = next(((r, c) for r, c in enumerate(codes) if c not in (None, 0, PEER_EXIT)), None)
+        if None not in codes:
+            break
         time.sleep(POLL)
-    return rank, code
+    return first or (rank, code)
 
 
 def _terminate(procs, stop):
