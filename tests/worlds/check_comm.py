@@ -230,6 +230,24 @@ same(strided[999], [n * (n + 1) / 2] * 4, "chunked all_reduce, non-contiguous")
 large = np.full(300_000, float(r + 1))  # past the reduce-by-allreduce size on mpi
 comm.reduce(large, root=n - 1)
 same(large[[0, -1]], [n * (n + 1) / 2] * 2 if r == n - 1 else [r + 1.0] * 2, "large reduce, others unchanged")
+if comm.backend == "gloo":  # a reduce goes up a tree of sends, large ones in pieces: make pieces small
+    import spmd.comms.gloo as gloo_backend
+
+    saved, gloo_backend.PIECE_BYTES = gloo_backend.PIECE_BYTES, 4096
+    try:
+        for root in R:
+            for op, want in [("sum", sum(k + 1 for k in R)), ("max", n), ("min", 1), ("prod", float(np.prod([k + 1 for k in R])))]:
+                big = np.full(300_001, float(r + 1))  # 2.4 MB: four pieces, the last one short
+                big[-1] = -1.0 if r == root else r + 1.0
+                comm.reduce(big, root=root, op=op)
+                last = {"sum": want - root - 2, "max": max([k + 1 for k in R if k != root] + [-1]),
+                        "min": -1.0, "prod": -want / (root + 1)}[op] if n > 1 else -1.0
+                same(big[[0, 150_000, -1]], [want, want, last] if r == root else [r + 1.0, r + 1.0, r + 1.0],
+                     f"reduce {op} root {root} in pieces, others unchanged")
+        h = comm.reduce(np.full(5, float(r + 1)), root=0, op="max", async_op=True)  # gloo's own reduce
+        same(h.wait(), [float(n)] * 5 if r == 0 else [r + 1.0] * 5, "async reduce on gloo, others unchanged")
+    finally:
+        gloo_backend.PIECE_BYTES = saved
 if comm.backend == "mpi":  # large blocking allreduces run in pieces; make pieces small to see them
     import spmd.comms.mpi as mpi_backend
 
