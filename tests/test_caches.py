@@ -124,3 +124,45 @@ def test_the_pool_keeps_no_tensor_where_torch_has_no_storage_use_count(monkeypat
     a = pool.empty(("numpy", "float64", (N,)), (N,), np.empty, N)  # numpy needs no torch
     assert pool.nbytes == N * 8
     del a
+
+
+def test_mpi_plans_of_small_torch_calls_hold_only_while_their_tensors_are_unchanged():
+    pytest.importorskip("mpi4py")
+    from conftest import open_comm
+
+    from spmd.comms import plans
+    from spmd.monitor import Monitor
+
+    comm = open_comm("mpi", Monitor())
+    kept = comm._caches.plans
+    x, out = torch.tensor([1.0, 2.0]), torch.empty(2)
+    first = comm.all_gather(x, equal=True, out=out)
+    assert len(kept) == 1 and torch.equal(out, x)
+    x.fill_(5.0)  # data changed in place: the same plan moves the new values
+    again = comm.all_gather(x, equal=True, out=out)
+    assert len(kept) == 1 and again is not first and again[0] is first[0] and torch.equal(again[0], x)
+    again[0].unsqueeze_(0)  # a view it handed out changed shape: planned anew
+    fresh = comm.all_gather(x, equal=True, out=out)
+    assert fresh[0] is not first[0] and fresh[0].shape == (2,)
+    x.resize_(4)  # address or shape changed: planned anew, and checked (shapes now differ)
+    with pytest.raises(spmd.CollectiveError):
+        comm.all_gather(x, equal=True, out=out)
+    square, into = torch.arange(4.0).reshape(2, 2), torch.empty(2, 2)
+    comm.all_gather(square, equal=True, out=into)
+    square.t_()  # the same address and shape, no longer contiguous: the general path copies it
+    comm.all_gather(square, equal=True, out=into)
+    assert torch.equal(into, torch.tensor([[0.0, 2.0], [1.0, 3.0]]))
+    # A tensor that died and whose id came back is not mistaken for it.
+    for value in (7.0, 8.0):
+        y = torch.full((2,), value)
+        comm.gather(y, 0, equal=True, out=out)
+        assert torch.equal(out, y)
+        del y
+    big = torch.ones(plans.LIMIT // 4 + 1)
+    before = len(kept)
+    comm.scatter(big, 0, equal=True, out=torch.empty_like(big))
+    assert len(kept) == before, "a tensor over plans.LIMIT bytes was planned"
+    comm._caches.switch("plans", False)
+    z = torch.ones(2)
+    comm.scatter(z, 0, equal=True, out=torch.empty(2))
+    assert len(kept) == 0

@@ -54,6 +54,10 @@ def _cases(comm, kind):
         cases += [
             ("layouts", "all_reduce of 200 x 4 KiB", lambda: comm.all_reduce(grads)),
         ]
+        if kind == "torch":
+            gathered = arr((2 * n,))
+            cases += [("plans", "all_gather 8 B (equal=True, out=)",
+                       lambda: comm.all_gather(small, equal=True, out=gathered))]
     return cases
 
 

@@ -14,6 +14,8 @@ flat       the coalesced all_reduce's flat buffers and their      ``FLAT_COUNT``
            views, per list layout                                 pool's limit in bytes
 layouts    the mpi packer's committed datatypes per (addresses,   ``LAYOUT_COUNT`` layouts
            sizes)
+plans      the mpi direct path's buffers and result views of       ``PLAN_COUNT`` plans, of tensors of at
+           small torch tensors (:mod:`~spmd.comms.plans`)          most ``plans.LIMIT`` bytes
 ========== ===================================================== =========================================
 
 ``clear()`` lets everything go (committed datatypes are freed) for this
@@ -28,13 +30,15 @@ from ..errors import SettingsError
 from .meta import Descriptions
 from .results import Results
 
-__all__ = ["Caches", "Kept", "NAMES", "FLAT_COUNT", "LAYOUT_COUNT"]
+__all__ = ["Caches", "Kept", "NAMES", "FLAT_COUNT", "LAYOUT_COUNT", "PLAN_COUNT"]
 
-NAMES = ("descs", "results", "flat", "layouts")
+NAMES = ("descs", "results", "flat", "layouts", "plans")
 #: Coalesced lists whose flat buffers are kept at a time (a training loop has one or two).
 FLAT_COUNT = 8
 #: Committed datatypes kept at a time.
 LAYOUT_COUNT = 16
+#: Direct-path plans of small torch calls kept at a time.
+PLAN_COUNT = 16
 
 
 class Kept:
@@ -48,32 +52,32 @@ class Kept:
         self.count = count
         self.limit = nbytes  # None: count only; a callable: read when storing
         self._release = release
-        self._table = {}
+        self.table = {}  # read it directly where a method call costs too much
         self.nbytes = 0
 
     def get(self, key):
-        return self._table.get(key)
+        return self.table.get(key)
 
     def put(self, key, value, nbytes=0):
         """Keep value under key when it fits the bounds; tell whether it was kept."""
         limit = self.limit() if callable(self.limit) else self.limit
         if self.count <= 0 or (limit is not None and nbytes > limit):
             return False
-        if len(self._table) >= self.count or (limit is not None and self.nbytes + nbytes > limit):
+        if len(self.table) >= self.count or (limit is not None and self.nbytes + nbytes > limit):
             self.clear()
-        self._table[key] = value
+        self.table[key] = value
         self.nbytes += nbytes
         return True
 
     def clear(self):
         if self._release is not None:
-            for value in self._table.values():
+            for value in self.table.values():
                 self._release(value)
-        self._table.clear()
+        self.table.clear()
         self.nbytes = 0
 
     def __len__(self):
-        return len(self._table)
+        return len(self.table)
 
 
 class Caches:
@@ -86,6 +90,7 @@ class Caches:
         self.results = Results() if results is None else results
         self.flat = Kept(FLAT_COUNT, lambda: self.results.limit)
         self.layouts = Kept(LAYOUT_COUNT, release=_free_layout)
+        self.plans = Kept(PLAN_COUNT)
         self._results_limit = None  # the pool's limit while switched off
         self._children = weakref.WeakSet()
 
@@ -105,6 +110,7 @@ class Caches:
             "results": self.results.limit != 0,
             "flat": self.flat.count > 0,
             "layouts": self.layouts.count > 0,
+            "plans": self.plans.count > 0,
         }[name]
 
     def switch(self, name, on):
@@ -121,9 +127,12 @@ class Caches:
         elif name == "flat":
             self.flat.clear()
             self.flat.count = FLAT_COUNT if on else 0
-        else:
+        elif name == "layouts":
             self.layouts.clear()
             self.layouts.count = LAYOUT_COUNT if on else 0
+        else:
+            self.plans.clear()
+            self.plans.count = PLAN_COUNT if on else 0
 
     @property
     def nbytes(self):
@@ -139,6 +148,7 @@ class Caches:
             self.results.clear()
         self.flat.clear()
         self.layouts.clear()
+        self.plans.clear()
 
 
 def _free_layout(layout):
