@@ -85,6 +85,10 @@ platform without ``fork`` or ``SOCK_SEQPACKET`` (not Linux).  Native
 threads that survive ``fork`` by design are allowed: numpy's OpenBLAS
 starts its pool at import and re-creates it after a fork.
 
+A server kept across launches (``--preload-keep``) is spmd.preload_keep:
+for each launch it forks a session that runs ``_serve`` with ``watch``,
+and the launcher drives it through a ``ForkServer`` made on the connection.
+
 Only the standard library is imported on the launcher's side.
 """
 
@@ -109,6 +113,8 @@ PROBE_SECONDS = 5.0
 MAX_MESSAGE = 1 << 20
 #: torch's historical fixed default seed: a build that starts every process with it is not reseeded.
 TORCH_FIXED_SEED = 67280421310721
+#: Seconds between a watching server's checks that its launcher is still there (_serve's watch).
+WATCH_POLL = 0.01
 
 # In the server and every rank forked from it: the modules it imported (preloaded() returns them).
 _preloaded = ()
@@ -173,8 +179,11 @@ def _send(sock, message, fds=()):
 
 
 def _recv(sock):
-    """Receive one message and its fds; (None, []) at the end of the stream."""
-    data, fds, flags, _ = socket.recv_fds(sock, MAX_MESSAGE, 8)
+    """Receive one message and its fds; (None, []) at the end of the stream (or a peer that left abruptly)."""
+    try:
+        data, fds, flags, _ = socket.recv_fds(sock, MAX_MESSAGE, 8)
+    except ConnectionResetError:  # the peer closed with our messages unread
+        return None, []
     if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
         for fd in fds:
             os.close(fd)
@@ -231,10 +240,17 @@ class ForkServer:
     env: the server's environment (what every rank's environment shares);
     piped: give the server pipes for stdout and stderr (as the ranks get
     when the launcher prefixes their lines), to read as proc.stdout and
-    proc.stderr.
+    proc.stderr.  sock: a connection to a server that already serves
+    (a kept one's session, spmd.preload_keep): nothing is started, and
+    proc is None.
     """
 
-    def __init__(self, modules, env, *, piped=False, preexec_fn=None):
+    def __init__(self, modules, env, *, piped=False, preexec_fn=None, sock=None):
+        self.modules = list(modules)
+        if sock is not None:
+            self._setup(env, sock)
+            self._served, self.proc = True, None
+            return
         if not hasattr(os, "fork") or os.name != "posix":
             raise LaunchError(f"--preload needs os.fork, which {sys.platform} lacks: run without --preload")
         try:
@@ -242,13 +258,7 @@ class ForkServer:
         except (AttributeError, OSError) as e:
             raise LaunchError(f"--preload needs AF_UNIX SOCK_SEQPACKET sockets (Linux), not available "
                               f"here ({e}): run without --preload") from None
-        self.modules = list(modules)
-        self._env = dict(env)
-        self._ranks = {}  # rank -> Forked
-        self._pending = {}  # rank -> pid reply, exit before the Forked exists
-        self._served = False  # the server finished its imports and serves
-        self._gone = False  # the server's end of the socket is closed: it has ended
-        self._devnull = None
+        self._setup(env, self._sock)
         pipe = subprocess.PIPE if piped else None
         try:
             self.proc = subprocess.Popen(
@@ -258,8 +268,19 @@ class ForkServer:
         finally:
             theirs.close()
 
+    def _setup(self, env, sock):
+        self._sock = sock
+        self._env = dict(env)
+        self._ranks = {}  # rank -> Forked
+        self._pending = {}  # rank -> pid reply, exit before the Forked exists
+        self._served = False  # the server finished its imports and serves
+        self._gone = False  # the server's end of the socket is closed: it has ended
+        self._devnull = None
+
     def ready(self, stop=()):
         """Wait for the server's imports; return True, or False if stop filled first; LaunchError if refused."""
+        if self._served:
+            return True
         while not stop:
             if select.select([self._sock], [], [], 0.05)[0]:
                 message, fds = _recv(self._sock)
@@ -362,16 +383,20 @@ class ForkServer:
             pass
 
     def close(self):
-        """End the server (it ends by itself once its ranks have) and free what is left."""
+        """End the server (it ends by itself once its ranks have) and free what is left.
+
+        A kept server's session (proc None) ends by itself when this end closes.
+        """
         self.done()
-        if self.proc.poll() is None and self._served:
-            try:
-                self.proc.wait(timeout=1.0)
-            except subprocess.TimeoutExpired:
-                pass
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait()
+        if self.proc is not None:
+            if self.proc.poll() is None and self._served:
+                try:
+                    self.proc.wait(timeout=1.0)
+                except subprocess.TimeoutExpired:
+                    pass
+            if self.proc.poll() is None:
+                self.proc.kill()
+            self.proc.wait()
         self._sock.close()
         if self._devnull is not None:
             os.close(self._devnull)
@@ -474,12 +499,16 @@ def _flush():
             pass
 
 
-def _serve(sock):
+def _serve(sock, watch=False):
     """Fork a rank for each request and report how each ends.
 
     Returns None in the server once every rank has ended; in a forked rank
     returns its argv for run_script (the rank leaves the server's frames
-    first, so none of their cleanup runs in it).
+    first, so none of their cleanup runs in it).  watch: also return None
+    as soon as the launcher has gone (its end of sock closed, which a
+    shutdown of its writing side after the last request is not), for a
+    server whose death is not tied to the launcher's by a death signal
+    (a kept server's session): the ranks then die with it.
     """
     server = os.getpid()
     ranks = {}  # pid -> rank
@@ -511,17 +540,32 @@ def _serve(sock):
             flags = 0
         while ranks:
             try:
-                pid, status = os.waitpid(-1, flags)
+                pid, status = os.waitpid(-1, os.WNOHANG if watch else flags)
             except ChildProcessError:
                 ranks.clear()
                 break
             if pid == 0:
-                break
+                if flags or not watch:
+                    break
+                if _hung_up(sock, WATCH_POLL):
+                    return None
+                continue
             if pid in ranks:
                 _tell(sock, {"rank": ranks.pop(pid), "exit": os.waitstatus_to_exitcode(status)})
             if not flags:  # one at a time while nothing else is to be done
                 break
     return None
+
+
+def _hung_up(sock, timeout):
+    """Wait up to timeout seconds for sock's peer to close its end; tell whether it has.
+
+    An AF_UNIX socket reports POLLHUP only once the peer has closed it, not
+    when the peer has only shut down its writing side.
+    """
+    poller = select.poll()
+    poller.register(sock, 0)  # POLLHUP and POLLERR come whatever is asked for
+    return bool(poller.poll(timeout * 1000))
 
 
 def _tell(sock, message):
