@@ -5,7 +5,8 @@ No MPI is needed: the launcher sets ``SPMD_*``, ``MASTER_ADDR`` and
 (``SPMD_LISTEN_FD``) so that concurrent launches never race for a port,
 prefixes every output line with its rank, and stops the whole job as soon
 as one rank fails.  With ``preload`` the ranks are forked from one process
-that imported those modules first (spmd.preload), under the same
+that imported those modules first (spmd.preload; with ``preload_keep`` a
+server kept across launches, spmd.preload_keep), under the same
 supervision.  Only the standard library is imported here.
 """
 
@@ -20,6 +21,7 @@ import time
 from .errors import LaunchError, RendezvousError
 from .output import prefix as line_tag
 from .preload import ForkServer, death_signal
+from .preload_keep import attach
 from .watchdog import PEER_EXIT
 
 __all__ = ["launch", "child_env", "STRIPPED"]
@@ -79,18 +81,25 @@ def child_env(rank, size, *, port, master_addr="127.0.0.1", backend=None,
 
 
 def launch(argv, nprocs, *, backend=None, prefix=None, timeout=None,
-           master_addr="127.0.0.1", runner=("-m", "spmd"), env=None, preload=None):
+           master_addr="127.0.0.1", runner=("-m", "spmd"), env=None, preload=None, preload_keep=0):
     """Run ``python *runner *argv`` as ``nprocs`` ranks; return exit code.
 
     preload: modules that one fork server imports before forking every rank
     from itself, so that the ranks skip those imports (spmd.preload); the
     ranks then run spmd's runner, the default runner, in-process.
+    preload_keep: seconds > 0 to fork them from this user's kept server
+    for these modules, environment and directory instead, started if none
+    serves and left running until idle that long (spmd.preload_keep).
     """
     argv = list(argv)
     if not argv:
         raise LaunchError("nothing to run: argv is empty")
     if isinstance(nprocs, bool) or not isinstance(nprocs, int) or nprocs < 1:
         raise LaunchError(f"nprocs must be an integer >= 1, got {nprocs!r}")
+    if isinstance(preload_keep, bool) or not isinstance(preload_keep, (int, float)) or not preload_keep >= 0:
+        raise LaunchError(f"preload_keep must be a number of seconds >= 0, got {preload_keep!r}")
+    if preload_keep and not preload:
+        raise LaunchError("preload_keep keeps a fork server of preloaded modules: give preload too")
     if preload and tuple(runner) != ("-m", "spmd"):
         raise LaunchError(f"preload forks ranks that run spmd's runner (runner=('-m', 'spmd')), "
                           f"not runner={tuple(runner)!r}: drop preload or the runner")
@@ -108,13 +117,17 @@ def launch(argv, nprocs, *, backend=None, prefix=None, timeout=None,
         envs = [child_env(rank, nprocs, port=port, master_addr=master_addr, backend=backend,
                           timeout=timeout, listen_fd=sock.fileno() if rank == 0 else None,
                           base=env, prefixed=prefix) for rank in range(nprocs)]
-        if preload:
+        started = True
+        if preload and preload_keep:
+            server = attach(preload, _shared(envs), preload_keep, stop=stop, echo=out.write)
+            started = server is not None  # None: stopped by a signal while attaching
+        elif preload:
             server = ForkServer(preload, _shared(envs), piped=prefix, preexec_fn=preexec)
             if prefix:  # what the imports print, untagged
                 extra = [out.pump(server.proc.stdout, b"", err=False),
                          out.pump(server.proc.stderr, b"", err=True)]
             started = server.ready(stop)  # False: stopped by a signal while it imported
-        for rank in range(nprocs if server is None or started else 0):
+        for rank in range(nprocs if started else 0):
             if server is not None:
                 procs.append(server.spawn(
                     rank, argv, envs[rank], stdin_fd=_stdin() if rank == 0 else None,

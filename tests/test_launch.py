@@ -418,6 +418,6 @@ def test_cli_passes_options_and_arguments(cli, tmp_path, monkeypatch):
     argv, n, kw = calls[0]
     assert argv == [str(script), "-n", "9"] and n == 3
     assert kw == dict(backend="gloo", prefix=False, timeout=2.5,
-                      master_addr="127.0.0.1", preload=None)
+                      master_addr="127.0.0.1", preload=None, preload_keep=0)
     res = CliRunner().invoke(cli, ["-n", "2", "-m", "pkg.main", "--flag"])
     assert res.exit_code == 5 and calls[1][0] == ["-m", "pkg.main", "--flag"]

@@ -33,11 +33,18 @@ __all__ = ["run"]
               help="Import MODULES (comma-separated, e.g. torch,numpy) once in a fork "
                    "server and fork every rank from it, so that no rank imports them "
                    "itself (docs/preload.md).")
+@click.option("--preload-keep", type=click.FloatRange(min=0), default=0, envvar="SPMD_PRELOAD_KEEP",
+              metavar="SECONDS",
+              help="With --preload: fork the ranks from a server kept for later launches "
+                   "(the same modules, environment and directory), which skip the imports; "
+                   "it exits after SECONDS with no launch [env SPMD_PRELOAD_KEEP; default: 0, "
+                   "a server per launch].")
 @click.option("-m", "module", is_flag=True,
               help="SCRIPT is a module name, run like python -m.")
 @click.argument("script")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def run(nprocs, backend, prefix, timeout, master_addr, preload, module, script, args):
+@click.pass_context
+def run(ctx, nprocs, backend, prefix, timeout, master_addr, preload, preload_keep, module, script, args):
     """Run SCRIPT as NPROCS cooperating ranks on this machine.
 
     \b
@@ -49,7 +56,8 @@ def run(nprocs, backend, prefix, timeout, master_addr, preload, module, script, 
     others are stopped and its exit code is returned.
 
     With --preload, one process imports the modules and every rank is
-    forked from it, with the same environment, output and supervision.
+    forked from it, with the same environment, output and supervision;
+    with --preload-keep that process serves later launches too.
     """
     if module:
         argv = ["-m", script, *args]
@@ -63,9 +71,15 @@ def run(nprocs, backend, prefix, timeout, master_addr, preload, module, script, 
             preload = parse_modules(preload)
         except LaunchError as e:
             raise click.BadParameter(str(e), param_hint="'--preload'") from None
+    elif preload_keep and ctx.get_parameter_source("preload_keep") is click.core.ParameterSource.COMMANDLINE:
+        raise click.BadParameter("keeps the fork server of --preload: give --preload MODULES too",
+                                 param_hint="'--preload-keep'")
+    else:
+        preload_keep = 0  # SPMD_PRELOAD_KEEP applies to --preload launches only
     try:
         code = launch(argv, nprocs, backend=backend, prefix=prefix,
-                      timeout=timeout, master_addr=master_addr, preload=preload)
+                      timeout=timeout, master_addr=master_addr, preload=preload,
+                      preload_keep=preload_keep)
     except (LaunchError, RendezvousError) as e:
         raise click.ClickException(str(e)) from None
     sys.exit(code)
