@@ -335,8 +335,9 @@ def test_preload_bench_reports_every_scenario_and_the_targets(tmp_path):
     result = run(cmd, 280, clean_env())
     assert result.returncode == 0, result.stdout[-4000:]
     doc = json.loads(out.read_text())
-    assert set(doc["results"]) == {"empty", "preload", "spawn", "mpirun"}, doc
+    assert set(doc["results"]) == {"empty", "preload", "kept", "spawn", "mpirun"}, doc
     for name, row in doc["results"].items():
         assert all(w > 0 for w in row["wall"]), (name, row)
         assert name == "empty" or all(0 < f <= w for f, w in zip(row["first"], row["wall"])), (name, row)
     assert "(target <= 2)" in result.stdout and "(target <= 0.5)" in result.stdout
+    assert "kept's first collective / empty script's wall" in result.stdout, result.stdout[-4000:]
