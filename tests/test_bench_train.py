@@ -55,6 +55,19 @@ def test_summary_medians_spread_ratios_and_hidden_fractions():
 
 
 @pytest.mark.unit
+def test_each_repeat_runs_every_case_once_in_an_order_rotated_by_one(monkeypatch):
+    seen = []
+    monkeypatch.setattr(tb, "launch", lambda impl, backend, n, opts, launcher, timeout: (impl, backend, n, opts))
+    monkeypatch.setattr(tb, "digest", lambda rec: {"seen": rec})
+    cases = ["spmd gloo", "spmd mpi", "DDP gloo"]
+    rows = tb.measure(ranks=(2,), repeats=4, cases=cases)
+    seen = [[r["case"] for r in rows if r["repeat"] == rep] for rep in range(4)]
+    assert all(sorted(s) == sorted(cases) for s in seen), seen
+    firsts = [s[0] for s in seen]
+    assert firsts[:3] == [seen[0][0], seen[0][1], seen[0][2]] and firsts[3] == firsts[0], seen
+
+
+@pytest.mark.unit
 def test_digest_takes_the_slowest_rank_per_step_and_means_of_the_parts():
     # Two ranks, one warm-up step then two timed ones; seconds.
     def two(a, b):

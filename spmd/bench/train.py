@@ -127,7 +127,10 @@ def measure(ranks=(1, 2, 4), repeats=5, steps=30, warmup=5, model=None, cases=No
     out = []
     for rep in range(repeats):
         for n in ranks:
-            for label, impl, backend, extra in chosen:
+            # Each repeat starts one case later, so no case always runs first or
+            # after the same neighbour (the order showed in 1-rank launches).
+            k = rep % len(chosen) if chosen else 0
+            for label, impl, backend, extra in chosen[k:] + chosen[:k]:
                 opts = {**model, "steps": steps, "warmup": warmup, "probe": probe, **extra}
                 if impl == "spmd" and bucket_mb is not None:
                     opts["bucket_mb"] = bucket_mb
