@@ -325,37 +325,41 @@ def test_exits_are_described_and_lines_tagged_whole():
 
 
 class _Exits:
-    """A child whose poll() says it runs until ``after`` seconds, then returns ``code``."""
+    """A child whose poll() says it runs for its first ``after`` polls, then returns ``code``."""
 
-    def __init__(self, code, after):
-        self.code, self.at = code, time.monotonic() + after
+    def __init__(self, code, after=0):
+        self.code, self.after, self.polls = code, after, 0
 
     def poll(self):
-        return self.code if time.monotonic() >= self.at else None
+        self.polls += 1
+        return self.code if self.polls > self.after else None
 
 
 @pytest.mark.unit
 def test_the_first_cause_is_the_rank_that_failed_not_the_ranks_it_ended(monkeypatch):
     from spmd import launch as module
 
-    monkeypatch.setattr(module, "SETTLE", 2.0)
+    monkeypatch.setattr(module, "POLL", 0.001)
+    monkeypatch.setattr(module, "SETTLE", 1e6)  # a wait that did not end as it should hits the test's timeout
     # A raising rank that exits after the peers it aborted (status 75) is still the cause.
-    procs = [_Exits(1, 0.3), _Exits(75, 0.0), _Exits(75, 0.0)]
+    procs = [_Exits(1, after=5), _Exits(75), _Exits(75)]
     assert module._first_cause(procs, 1, 75) == (0, 1)
-    # A killed rank is the cause, and the others get the moment they need to report it.
-    procs = [_Exits(75, 0.4), _Exits(-9, 0.0)]
-    t = time.monotonic()
+    # A killed rank is the cause, and the others get the moment they need to report it:
+    # it returns once rank 0 has exited by itself, not before.
+    procs = [_Exits(75, after=5), _Exits(-9)]
     assert module._first_cause(procs, 1, -9) == (1, -9)
-    assert 0.3 < time.monotonic() - t < 1.5, "returned before rank 0 exited, or waited on"
+    assert procs[0].polls == 6, procs[0].polls
+    # Only ended ranks: the first one seen stands.
+    assert module._first_cause([_Exits(75), _Exits(75)], 1, 75) == (1, 75)
+    # A launcher's signal cuts the wait short: the rank still running is not even polled.
+    running = _Exits(0, after=10**9)
+    assert module._first_cause([running, _Exits(3)], 1, 3, stop=[15]) == (1, 3)
+    assert running.polls == 0
     # A rank that never exits is waited for SETTLE seconds, then left to _terminate.
-    t = time.monotonic()
-    assert module._first_cause([_Exits(0, 1e9), _Exits(2, 0.0)], 1, 2) == (1, 2)
-    assert 1.9 < time.monotonic() - t < 3.0
-    # Only ended ranks: the first one seen stands; a launcher's signal cuts the wait short.
-    assert module._first_cause([_Exits(75, 0.0), _Exits(75, 0.0)], 1, 75) == (1, 75)
-    t = time.monotonic()
-    assert module._first_cause([_Exits(0, 1e9), _Exits(3, 0)], 1, 3, stop=[15]) == (1, 3)
-    assert time.monotonic() - t < 0.5
+    monkeypatch.setattr(module, "SETTLE", 0.05)
+    running = _Exits(0, after=10**9)
+    assert module._first_cause([running, _Exits(2)], 1, 2) == (1, 2)
+    assert running.polls >= 1
 
 
 @pytest.mark.unit

@@ -392,12 +392,9 @@ def test_a_changed_or_removed_module_file_makes_the_snapshot_stale(tmp_path, mon
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "snapmod_a", raising=False)
     importlib.import_module("snapmod_a")
-    began = time.perf_counter()
     snap = preload_keep._snapshot()
     assert preload_keep._changed(snap) is None
-    took = time.perf_counter() - began
     assert str(tmp_path / "snapmod_a.py") in snap and any(f.endswith("spmd/preload_keep.py") for f in snap)
-    assert took < 1.0, f"{len(snap)} files in {took:.3f} s"
     (tmp_path / "snapmod_a.py").write_text("X = 22\n")
     assert preload_keep._changed(snap) == f"{tmp_path / 'snapmod_a.py'} changed"
     (tmp_path / "snapmod_a.py").unlink()
