@@ -122,23 +122,23 @@ class MpiComm(MpiMessages, Comm):
         return out.dtype == x.dtype and out.shape[0] == rows and out.shape[1:] == x.shape[1:]
 
     def _direct_all_gather(self, x, out):
-        torch = type(out) is not np.ndarray
-        if torch:
-            go = plans.find(self._caches.plans, ("all_gather", None, id(x), id(out)), (x, out))
+        planned = type(out) is not np.ndarray  # torch tensors: their addresses and views cost
+        key = ("all_gather", None, id(x), id(out))
+        if planned:
+            go = plans.find(self._caches.plans, key, (x, out))
             if go is not None:
                 return go
         send, recv = _direct(x), _direct(out)
         if send is None or recv is None or not self._same_layout(x, out, x.shape[0] * self.size):
             return None
-        if torch:
-            return self._planned(("all_gather", None, id(x), id(out)), (x, out), out,
-                                 self._c.Allgather, _bytes(send), _bytes(recv))
+        if planned:
+            return self._planned(key, (x, out), out, self._c.Allgather, _bytes(send), _bytes(recv))
         return self._into_pieces, (out, self._c.Allgather, _bytes(send), _bytes(recv))
 
     def _direct_gather(self, x, root, out):
-        torch = type(x) is not np.ndarray
+        planned = type(x) is not np.ndarray
         key = ("gather", root, id(x), id(out))
-        if torch:
+        if planned:
             go = plans.find(self._caches.plans, key, (x,) if out is None else (x, out))
             if go is not None:
                 return go
@@ -147,19 +147,19 @@ class MpiComm(MpiMessages, Comm):
             return None
         if self.rank != root:
             go = _returning, (None, self._c.Gather, _bytes(send), None, root)
-            return plans.keep(self._caches.plans, key, (x,), go) if torch else go
+            return plans.keep(self._caches.plans, key, (x,), go) if planned else go
         recv = None if out is None else _direct(out)
         if recv is None or not self._same_layout(x, out, x.shape[0] * self.size):
             return None
-        if torch and type(out) is not np.ndarray:
+        if planned and type(out) is not np.ndarray:
             return self._planned(key, (x, out), out, self._c.Gather, _bytes(send), _bytes(recv), root)
         return self._into_pieces, (out, self._c.Gather, _bytes(send), _bytes(recv), root)
 
     def _direct_scatter(self, chunks, root, out):
-        torch = type(out) is not np.ndarray and (chunks is None or type(chunks) is type(out))
+        planned = type(out) is not np.ndarray and (chunks is None or type(chunks) is type(out))
         key = ("scatter", root, id(chunks), id(out))
         tensors = (out,) if chunks is None else (chunks, out)
-        if torch:
+        if planned:
             go = plans.find(self._caches.plans, key, tensors)
             if go is not None:
                 return go
@@ -173,7 +173,7 @@ class MpiComm(MpiMessages, Comm):
                 return None
             send = _bytes(send)
         go = _returning, (out, self._c.Scatter, send, _bytes(recv), root)
-        return plans.keep(self._caches.plans, key, tensors, go) if torch else go
+        return plans.keep(self._caches.plans, key, tensors, go) if planned else go
 
     def _planned(self, key, tensors, full, fn, *args):
         """Return the direct call fn(*args) that fills full, handing out full's pieces, kept as a plan."""
