@@ -12,8 +12,8 @@ On top of :class:`~spmd.comms.torchdist.TorchComm`:
 - a blocking reduce goes point to point too, up a binomial tree, large
   tensors in up to four pipelined pieces: gloo's own reduce leaves partial
   results in every other rank's input, so spmd gave it a copy, which cost
-  15-30% from 16 MiB; the tree needs no copy on leaves and was 0.3-0.8x
-  gloo's reduce at 2 ranks from 8 B to 256 MiB (docs/performance.md);
+  15-30% from 16 MiB; the tree needs no copy on leaves and was 0.4-0.8x
+  gloo's reduce at 2 ranks from 8 B to 256 MiB (medians of three launches; docs/performance.md);
 - all_gather and the description exchange call the process group's
   allgather directly.
 """
