@@ -29,10 +29,12 @@ import time
 
 import click
 
-from spmd import comm, preempt, tasks
-from spmd.balance import MODES as BALANCES
+from spmd import comm
+from spmd.runtime import preempt
+from spmd.pipeline import tasks
+from spmd.pipeline.balance import MODES as BALANCES
 from spmd.errors import PipelinePreempted
-from spmd.pipeline import READS, WRITES, PipelineError, SyntheticTable, on_root, open_source, pipeline
+from spmd.pipeline.run import READS, WRITES, PipelineError, SyntheticTable, on_root, open_source, pipeline
 
 DEFAULT_ROWS = 1_000_000
 

@@ -29,8 +29,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from spmd import comm, preempt
-from spmd.data_parallel import (
+from spmd import comm
+from spmd.runtime import preempt
+from spmd.train.data_parallel import (
     DataParallel,
     gather_metrics,
     load_checkpoint,

@@ -44,8 +44,8 @@ __all__ = [
     "BenchArgumentError",
 ]
 
-from ._proxy import comm
-from .errors import (  # every error spmd raises: the tree under SpmdError
+from spmd.runtime.proxy import comm
+from spmd.errors import (  # every error spmd raises: the tree under SpmdError
     BackendError,
     BenchArgumentError,
     BenchError,
@@ -71,12 +71,12 @@ from .errors import (  # every error spmd raises: the tree under SpmdError
     SubmitError,
     TaskError,
 )
-from .runtime import finalize, init, initialized
+from spmd.runtime.start import finalize, init, initialized
 
 
 def __getattr__(name):
     if name in ("Comm", "Handle"):
-        from .comms import base
+        from spmd.comms import base
 
         return getattr(base, name)
     if name in ("preempt", "pipeline", "tasks", "data_parallel"):

@@ -1,6 +1,6 @@
-"""``python -m spmd script.py args``: see spmd.runner."""
+"""``python -m spmd script.py args``: see spmd.runtime.runner."""
 
-from .runner import run_script
+from spmd.runtime.runner import run_script
 
 if __name__ == "__main__":
     import sys

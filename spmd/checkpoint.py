@@ -1,60 +1,7 @@
-"""Checkpoints: written atomically by the root, read by the root and broadcast to every rank."""
+"""``spmd.checkpoint``: checkpoints written atomically by the root, kept at this path for users.
 
-import os
+The code lives in :mod:`spmd.train.checkpoint`.
+"""
 
-import torch
-
-from .atomic import atomic_write
-from .errors import CheckpointError
-
-__all__ = ["atomic_save", "save_checkpoint", "load_checkpoint"]
-
-
-def _comm(comm):
-    if comm is not None:
-        return comm
-    from . import comm as world
-
-    return world
-
-
-def atomic_save(obj, path):
-    """torch.save obj to path so that path is always either the old file or the new one.
-
-    Writes a temporary file in the same directory, fsyncs it, renames
-    it over path with os.replace and fsyncs the directory
-    (:mod:`spmd.atomic`, which also removes temporaries of dead runs).
-    """
-    path = os.fspath(path)
-    with atomic_write(path) as f:
-        torch.save(obj, f)
-    return path
-
-
-def save_checkpoint(obj, path, comm=None, root=0):
-    """On root, atomic_save obj to path and return path; elsewhere return None."""
-    comm = _comm(comm)
-    if comm.rank != root:
-        return None
-    return atomic_save(obj, path)
-
-
-def load_checkpoint(path, comm=None, root=0, weights_only=True):
-    """Read the checkpoint at path on root and return it on every rank.
-
-    Only root touches the file.  If root cannot read it, root raises
-    the original error and every other rank a CheckpointError naming it.
-    """
-    comm = _comm(comm)
-    state, error, failure = None, None, None
-    if comm.rank == root:
-        try:
-            state = torch.load(os.fspath(path), map_location="cpu", weights_only=weights_only)
-        except Exception as exc:
-            failure, error = exc, f"{type(exc).__name__}: {exc}"
-    state, error = comm.broadcast_object((state, error), root)
-    if failure is not None:
-        raise failure
-    if error is not None:
-        raise CheckpointError(f"rank {root} could not load checkpoint {os.fspath(path)!r}: {error}")
-    return state
+from spmd.train.checkpoint import *  # noqa: F401,F403
+from spmd.train.checkpoint import __all__  # noqa: F401

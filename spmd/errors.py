@@ -27,7 +27,7 @@ against the builtins keeps working.
     +-- DataParallelError (ValueError)  spmd.data_parallel misused
     +-- CheckpointError                 a checkpoint could not be saved or loaded
     +-- SubmitError (ValueError)        bin/submit cannot make the batch file asked for
-    +-- LaunchError (ValueError)        spmd run / spmd.launch asked for something impossible
+    +-- LaunchError (ValueError)        spmd run / spmd.launch.supervise asked for something impossible
     +-- BenchError                      spmd bench could not run a measurement
         +-- BenchArgumentError (ValueError) spmd bench asked for something it cannot measure
 """
@@ -151,7 +151,7 @@ class SubmitError(SpmdError, ValueError):
 
 
 class LaunchError(SpmdError, ValueError):
-    """A local launch (``spmd run``, ``spmd.launch``) was asked for something that cannot run."""
+    """A local launch (``spmd run``, ``spmd.launch.supervise``) was asked for something that cannot run."""
 
 
 class BenchError(SpmdError):

@@ -192,21 +192,21 @@ IN_PROCESS_BACKENDS = ["serial", "gloo", "torch", "mpi"]
 
 def open_comm(backend, monitor):
     """Open an in-process communicator of backend (a world of one); gloo and torch need gloo_group."""
-    from spmd.placement import Placement
+    from spmd.config.placement import Placement
 
     placement = Placement(rank=0, size=1, local_rank=0, local_size=1, node_rank=0, num_nodes=1, launcher="none")
     if backend == "serial":
-        from spmd.comms.serial import SerialComm
+        from spmd.comms.backends.serial import SerialComm
 
         return SerialComm(placement, monitor=monitor)
     if backend == "mpi":
         from mpi4py import MPI
 
-        from spmd.comms.mpi import MpiComm
+        from spmd.comms.backends.mpi.comm import MpiComm
 
         return MpiComm(MPI.COMM_SELF, placement, 60.0, monitor)
-    from spmd.comms.gloo import GlooComm
-    from spmd.comms.torchdist import TorchComm
+    from spmd.comms.backends.torchdist.gloo import GlooComm
+    from spmd.comms.backends.torchdist.base import TorchComm
 
     cls = GlooComm if backend == "gloo" else TorchComm
     return cls("gloo", placement, timeout=60.0, monitor=monitor)
@@ -230,7 +230,7 @@ def exits(monkeypatch):
     """What the hub's exit_now was asked to do, instead of doing it."""
     import queue
 
-    from spmd import watchdog
+    from spmd.failfast import hub as watchdog
 
     calls = queue.Queue()
     monkeypatch.setattr(watchdog, "exit_now", lambda code, message=None: calls.put((code, message)))

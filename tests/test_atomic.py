@@ -1,6 +1,6 @@
 """Nothing lost: outputs appear whole or not at all, and the temporaries of killed runs are cleaned.
 
-In process: spmd.atomic's writers on errors, exclusive writes and the
+In process: spmd.util.atomic's writers on errors, exclusive writes and the
 removal of dead processes' temporaries. Launched: jobs SIGKILLed while
 they write a big output or a checkpoint (issue 13, part 7).
 """
@@ -18,9 +18,9 @@ import torch
 from click.testing import CliRunner
 
 from conftest import MPIRUN, PY, REPO, clean_env, finish, start
-from spmd import atomic
-from spmd.atomic import AtomicFile, atomic_path, atomic_write, remove_stale, stale_temporaries, temporary_name
-from spmd.checkpoint import atomic_save
+from spmd.util import atomic
+from spmd.util.atomic import AtomicFile, atomic_path, atomic_write, remove_stale, stale_temporaries, temporary_name
+from spmd.train.checkpoint import atomic_save
 
 JOBS = REPO / "jobs"
 needs_mpirun = pytest.mark.skipif(MPIRUN is None, reason="mpirun not found")

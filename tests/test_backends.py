@@ -7,10 +7,12 @@ import numpy as np
 import pytest
 
 from conftest import PY, clean_env
-from spmd import backends, rendezvous, runtime
-from spmd.comms.serial import SerialComm
+from spmd.runtime import backends
+from spmd.runtime import rendezvous
+from spmd.runtime import start as runtime
+from spmd.comms.backends.serial import SerialComm
 from spmd.errors import BackendError, CollectiveError, RendezvousError
-from spmd.placement import detect
+from spmd.config.placement import detect
 
 pytestmark = pytest.mark.unit
 
@@ -69,7 +71,7 @@ def test_slurm_port_is_outside_the_ephemeral_range_and_spread():
     assert len(ports) > 250  # jobs sharing digits do not share ports
     # every rank computes the port in its own process: it must not depend on the process
     # (as hash() of a str would, under PYTHONHASHSEED)
-    code = "from spmd import rendezvous; print(rendezvous.slurm_port('123', '0'))"
+    code = "from spmd.runtime import rendezvous; print(rendezvous.slurm_port('123', '0'))"
     for seed in ("1", "2"):
         out = subprocess.run([PY, "-c", code], env=clean_env(PYTHONHASHSEED=seed),
                              capture_output=True, text=True, timeout=60)

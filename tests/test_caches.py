@@ -5,8 +5,8 @@ import pytest
 import torch
 
 import spmd
-from spmd.comms.caches import FLAT_COUNT, NAMES, Caches, Kept
-from spmd.comms.results import MIN_ITEMS, Results
+from spmd.comms.state.caches import FLAT_COUNT, NAMES, Caches, Kept
+from spmd.comms.state.results import MIN_ITEMS, Results
 
 pytestmark = pytest.mark.unit
 
@@ -64,7 +64,7 @@ def test_sub_communicators_share_the_results_pool_and_end_with_their_world():
 def test_a_comm_owns_its_caches_and_clear_frees_everything_it_kept():
     from mpi4py import MPI
 
-    from spmd.comms.mpi import MpiComm
+    from spmd.comms.backends.mpi.comm import MpiComm
 
     comm = MpiComm(MPI.COMM_SELF)
     xs = [np.ones(100) for _ in range(4)]
@@ -130,8 +130,8 @@ def test_mpi_plans_of_small_torch_calls_hold_only_while_their_tensors_are_unchan
     pytest.importorskip("mpi4py")
     from conftest import open_comm
 
-    from spmd.comms import plans
-    from spmd.monitor import Monitor
+    from spmd.comms.state import plans
+    from spmd.failfast.calls import Monitor
 
     comm = open_comm("mpi", Monitor())
     kept = comm._caches.plans

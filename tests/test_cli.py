@@ -7,7 +7,7 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import MPIRUN, clean_env, run, tool
-from spmd import backends
+from spmd.runtime import backends
 from spmd.cli import main
 from spmd.cli.info import gather_info
 

@@ -20,8 +20,8 @@ from conftest import IN_PROCESS_BACKENDS, open_comm
 import spmd
 from spmd.comms.base import Comm, Layout
 from spmd.comms.handle import Done, Handle
-from spmd.monitor import Monitor
-from spmd.placement import Placement
+from spmd.failfast.calls import Monitor
+from spmd.config.placement import Placement
 
 pytestmark = pytest.mark.unit
 
@@ -80,11 +80,11 @@ def ids(k):
 # -- the contract itself ---------------------------------------------------------------
 
 def _backend_classes():
-    from spmd.comms.gloo import GlooComm
-    from spmd.comms.mpi import MpiComm
-    from spmd.comms.nccl import NcclComm
-    from spmd.comms.serial import SerialComm
-    from spmd.comms.torchdist import TorchComm
+    from spmd.comms.backends.torchdist.gloo import GlooComm
+    from spmd.comms.backends.mpi.comm import MpiComm
+    from spmd.comms.backends.torchdist.nccl import NcclComm
+    from spmd.comms.backends.serial import SerialComm
+    from spmd.comms.backends.torchdist.base import TorchComm
 
     return [SerialComm, TorchComm, GlooComm, NcclComm, MpiComm]
 
@@ -298,7 +298,7 @@ def test_bad_arguments_raise_collective_errors(comm):
 
 
 def test_cuda_tensors_are_refused_on_cpu_backends_and_cpu_data_on_nccl(gloo_group):
-    from spmd.comms.nccl import NcclComm
+    from spmd.comms.backends.torchdist.nccl import NcclComm
 
     nccl = NcclComm("gloo", PLACEMENT, timeout=60.0)  # nccl's checks on a gloo group
     with pytest.raises(spmd.CollectiveError, match="nccl backend works on CUDA tensors"):
@@ -439,7 +439,7 @@ def test_point_to_point_is_numbered_and_traced_but_never_compared(comm):
     comm.recv(0, 14)
     assert comm._mon.seq - start == 2
     assert [fp[1] for fp in list(comm._mon.ring)[-2:]] == ["send", "recv"]
-    from spmd.monitor import _describe
+    from spmd.failfast.calls import _describe
 
     assert "to rank 0 tag 14" in _describe(comm._mon.ring[-2])
 
@@ -506,7 +506,7 @@ def test_exchange_errors(comm):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_the_trace_records_point_to_point_with_bytes_peer_and_tag(backend, gloo_group):
-    from spmd.monitor import chrome_trace
+    from spmd.failfast.calls import chrome_trace
 
     c = open_comm(backend, Monitor(trace="unused.json"))
     c.send(np.ones(10), 0, tag=6)

@@ -17,7 +17,7 @@ from conftest import IN_PROCESS_BACKENDS, open_comm
 
 import spmd
 from spmd.errors import CollectiveError, CollectiveTimeout, CommunicationError, PeerLostError
-from spmd.monitor import Monitor
+from spmd.failfast.calls import Monitor
 
 pytestmark = pytest.mark.unit
 
@@ -176,7 +176,7 @@ def test_a_completed_async_call_still_gives_its_result(backend):
 
 
 def test_the_mpi_watcher_names_an_async_calls_wait(monkeypatch):
-    from spmd import watchdog
+    from spmd.failfast import hub as watchdog
 
     class Comm:  # what MpiTimeout reads
         rank, size, timeout = 0, 2, 0.2

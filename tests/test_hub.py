@@ -17,7 +17,7 @@ import time
 import pytest
 
 from conftest import MPIRUN, PY, clean_env, start
-from spmd.watchdog import MAX_PENDING, PEER_EXIT, Hub
+from spmd.failfast.hub import MAX_PENDING, PEER_EXIT, Hub
 
 SIZE = 3  # rank 0 in this process, ranks 1 and 2 played by sockets
 
@@ -357,10 +357,11 @@ JOB = """
 import os, sys, time
 import numpy
 import spmd
-from spmd import comm, runtime
+from spmd import comm
+from spmd.runtime import start as runtime
 
 comm.barrier()
-hub = next(g for g in runtime._guards if isinstance(g, spmd.watchdog.Hub))
+hub = next(g for g in runtime._guards if isinstance(g, spmd.failfast.hub.Hub))
 if comm.rank == 0:
     print(f"HUB {hub.address[0]} {hub.address[1]}", flush=True)
 print(f"PID {comm.rank} {os.getpid()}", flush=True)

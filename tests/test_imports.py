@@ -176,11 +176,11 @@ def test_no_import_cycle():
 
 
 @pytest.mark.parametrize("module, allowed", [
-    ("spmd.settings", {"spmd.errors", "spmd.units"}),
-    ("spmd.abort", {"spmd.errors", "spmd.placement", "spmd.report"}),
-    ("spmd.watchdog", {"spmd.abort", "spmd.report"}),
-    ("spmd.report", {"spmd.monitor"}),
-    ("spmd._proxy", {"spmd.runtime"}),
+    ("spmd.config.settings", {"spmd.errors", "spmd.util", "spmd.util.units"}),
+    ("spmd.failfast.abort", {"spmd.errors", "spmd.config", "spmd.config.placement", "spmd.failfast.report"}),
+    ("spmd.failfast.hub", {"spmd.failfast.abort", "spmd.failfast.report"}),
+    ("spmd.failfast.report", {"spmd.failfast.calls"}),
+    ("spmd.runtime.proxy", {"spmd.runtime.start"}),
 ])
 def test_the_runtime_reads_in_one_direction(module, allowed):
     """settings and abort know nothing of the runtime; the guards and the global comm only what they use."""

@@ -13,8 +13,9 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import MPIRUN, PY, REPO, clean_env, run, tool
-from spmd import checksum, tasks
-from spmd.pipeline import SyntheticTable
+from spmd.pipeline import checksum
+from spmd.pipeline import tasks
+from spmd.pipeline.run import SyntheticTable
 
 JOBS = REPO / "jobs"
 SPMD = tool("spmd")

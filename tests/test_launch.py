@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from spmd.launch import STRIPPED, child_env, launch
+from spmd.launch.supervise import STRIPPED, child_env, launch
 
 pytestmark = pytest.mark.timeout(60)
 
 ROOT = Path(__file__).resolve().parents[1]
 LAUNCHER = (
-    "import json, sys; from spmd.launch import launch; "
+    "import json, sys; from spmd.launch.supervise import launch; "
     "sys.exit(launch(sys.argv[2:], **json.loads(sys.argv[1])))"
 )
 
@@ -312,7 +312,7 @@ def test_exits_are_described_and_lines_tagged_whole():
     """In-process, the pure parts of the failing-rank and output tests above."""
     import io
 
-    from spmd.launch import _describe, _Output
+    from spmd.launch.supervise import _describe, _Output
 
     assert _describe(3) == "exited with code 3"
     assert _describe(-signal.SIGKILL) == "killed by signal SIGKILL"
@@ -337,7 +337,7 @@ class _Exits:
 
 @pytest.mark.unit
 def test_the_first_cause_is_the_rank_that_failed_not_the_ranks_it_ended(monkeypatch):
-    from spmd import launch as module
+    from spmd.launch import supervise as module
 
     monkeypatch.setattr(module, "POLL", 0.001)
     monkeypatch.setattr(module, "SETTLE", 1e6)  # a wait that did not end as it should hits the test's timeout

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from conftest import MPIRUN, REPO, clean_env, run, tool
-from spmd.monitor import Monitor, chrome_trace, fingerprint_mismatch, summarize
+from spmd.failfast.calls import Monitor, chrome_trace, fingerprint_mismatch, summarize
 
 
 def fps(*calls):
@@ -59,7 +59,7 @@ def test_the_timeout_watcher_never_owns_the_communicator():
     import threading
     import weakref
 
-    from spmd.watchdog import MpiTimeout
+    from spmd.failfast.hub import MpiTimeout
 
     class Comm:  # what MpiTimeout reads
         rank, size, timeout = 0, 2, 100.0

@@ -13,8 +13,8 @@ pytestmark = pytest.mark.unit
 CHECK = r"""
 import numpy as np, torch
 from mpi4py import MPI
-from spmd.comms import mpi_buffers as mb
-from spmd.comms.caches import Caches
+from spmd.comms.backends.mpi import buffers as mb
+from spmd.comms.state.caches import Caches
 
 caches = Caches(1)
 L = caches.layouts

@@ -1,6 +1,6 @@
-"""Whole lines on stdout and stderr (spmd.output): the streams in process, then real launchers.
+"""Whole lines on stdout and stderr (spmd.runtime.output): the streams in process, then real launchers.
 
-Unit tests put spmd.output's streams over a pipe of their own and read back
+Unit tests put spmd.runtime.output's streams over a pipe of their own and read back
 what the kernel was handed, write by write.  Launcher tests make two ranks
 print thousands of lines fast with PYTHONUNBUFFERED=1, where print writes
 text and newline apart, and check that every line arrives whole.
@@ -16,8 +16,9 @@ import textwrap
 import pytest
 
 from conftest import MPIRUN, PY, clean_env, run, tool
-from spmd import abort, output
-from spmd.launch import child_env
+from spmd.failfast import abort
+from spmd.runtime import output
+from spmd.launch.supervise import child_env
 
 
 # -- in process: a whole-line stream over a pipe, and every os.write it makes --

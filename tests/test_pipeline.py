@@ -6,8 +6,9 @@ import sys
 import numpy as np
 import pytest
 
-from spmd import checksum, tasks
-from spmd.pipeline import (
+from spmd.pipeline import checksum
+from spmd.pipeline import tasks
+from spmd.pipeline.run import (
     ArraySource,
     CsvSource,
     NpySource,
@@ -222,7 +223,7 @@ def test_importing_spmd_pipeline_and_tasks_does_not_import_torch():
 USER_SCRIPT = '''
 import numpy as np
 from spmd import comm
-from spmd.pipeline import PipelineError, pipeline
+from spmd.pipeline.run import PipelineError, pipeline
 
 table = np.arange(46.0).reshape(23, 2) if comm.rank == 0 else None
 result = pipeline(lambda block: block * 2, table, chunk_rows=7, verify=True)

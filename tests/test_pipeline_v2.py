@@ -9,11 +9,14 @@ import zlib
 import numpy as np
 import pytest
 
-from spmd import balance, checksum, journal, preempt
+from spmd.pipeline import balance
+from spmd.pipeline import checksum
+from spmd.pipeline import journal
+from spmd.runtime import preempt
 from spmd.errors import PipelineError, PipelineJournalError, PipelinePreempted, PipelineValueError
-from spmd.pipeline import SyntheticTable, pipeline
-from spmd.sinks import partial_path
-from spmd.sources import NpySource, fingerprint
+from spmd.pipeline.run import SyntheticTable, pipeline
+from spmd.pipeline.sinks import partial_path
+from spmd.pipeline.sources import NpySource, fingerprint
 
 from conftest import MPIRUN, PY, REPO, WORLDS, clean_env, finish, left_behind, run, start, tool
 
@@ -320,7 +323,7 @@ def test_the_job_resumes_under_its_own_flag_and_refuses_a_journal_without_it(tmp
 import sys
 sys.argv = {[str(x) for x in job[1:]] + ["--resume", "--task", "copy"]!r}
 import numpy as np
-import spmd.tasks as tasks
+import spmd.pipeline.tasks as tasks
 real = tasks.build
 def build(*a, **k):
     fn = real(*a, **k)

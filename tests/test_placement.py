@@ -1,4 +1,4 @@
-"""Tests of spmd.placement: launcher environments in, Placement out."""
+"""Tests of spmd.config.placement: launcher environments in, Placement out."""
 
 import dataclasses
 import json
@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from spmd.errors import PlacementError
-from spmd.placement import LAUNCHERS, MPI_LAUNCHERS, Placement, check_mpi_world, detect
+from spmd.config.placement import LAUNCHERS, MPI_LAUNCHERS, Placement, check_mpi_world, detect
 
 pytestmark = pytest.mark.unit
 
@@ -366,6 +366,6 @@ def test_launcher_names():
 
 
 def test_module_imports_neither_torch_nor_mpi4py():
-    code = ("import sys, spmd.placement; "
+    code = ("import sys, spmd.config.placement; "
             "assert not {'torch', 'mpi4py'} & set(sys.modules), sorted(sys.modules)")
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -322,7 +322,7 @@ def test_cuda_mpi_and_threads_after_an_import_are_named(monkeypatch):
     import threading
     import types
 
-    from spmd import preload
+    from spmd.launch import forkserver as preload
 
     main = [threading.main_thread()]
     monkeypatch.setattr(preload.threading, "enumerate", lambda: list(main))
@@ -342,8 +342,8 @@ def test_cuda_mpi_and_threads_after_an_import_are_named(monkeypatch):
 @pytest.mark.unit
 def test_module_lists_are_checked_and_the_shared_environment_leaves_out_each_ranks_own():
     from spmd.errors import LaunchError
-    from spmd.launch import _shared, child_env
-    from spmd.preload import parse_modules
+    from spmd.launch.supervise import _shared, child_env
+    from spmd.launch.forkserver import parse_modules
 
     assert parse_modules(" torch, numpy ,torch,torch.distributed") == ["torch", "numpy", "torch.distributed"]
     for bad in ("", ",", "torch,bad-name", "1x"):
@@ -360,7 +360,7 @@ def test_module_lists_are_checked_and_the_shared_environment_leaves_out_each_ran
 def test_launch_refuses_preload_with_another_runner_and_the_cli_passes_the_list(tmp_path, monkeypatch):
     from spmd.cli import main as cli
     from spmd.errors import LaunchError
-    from spmd.launch import launch
+    from spmd.launch.supervise import launch
 
     with pytest.raises(LaunchError, match="preload forks ranks that run spmd's runner"):
         launch(["x.py"], 2, runner=[], preload=["torch"])

@@ -52,7 +52,7 @@ class Kept:
     def forked(self):
         """{pid: ppid} of the live kept servers of this test and of everything forked from them."""
         return {pid: ppid for pid, (ppid, cmd) in _cmdlines().items()
-                if "spmd.preload_keep" in cmd and self.base in cmd and alive(pid)}
+                if "spmd.launch.kept" in cmd and self.base in cmd and alive(pid)}
 
     def servers(self):
         """The pids of this test's live kept servers (not their sessions or ranks)."""
@@ -343,8 +343,8 @@ def _spmd():
 
 @pytest.mark.unit
 def test_the_key_leaves_out_the_launchs_own_variables_only():
-    from spmd.launch import _shared, child_env
-    from spmd.preload_keep import server_key
+    from spmd.launch.supervise import _shared, child_env
+    from spmd.launch.kept import server_key
 
     def key(port=5, size=2, base=None, modules=("torch",), cwd="/w", executable=None):
         envs = [child_env(r, size, port=port, base=base or {"HOME": "/h"}, backend="gloo") for r in range(size)]
@@ -362,7 +362,7 @@ def test_the_key_leaves_out_the_launchs_own_variables_only():
 @pytest.mark.unit
 def test_the_directory_is_made_0700_and_an_open_or_foreign_one_is_refused(tmp_path):
     from spmd.errors import LaunchError
-    from spmd.preload_keep import runtime_dir
+    from spmd.launch.kept import runtime_dir
 
     path = runtime_dir({"XDG_RUNTIME_DIR": str(tmp_path)})
     assert path == str(tmp_path / "spmd") and stat.S_IMODE(os.stat(path).st_mode) == 0o700
@@ -386,7 +386,7 @@ def test_the_directory_is_made_0700_and_an_open_or_foreign_one_is_refused(tmp_pa
 def test_a_changed_or_removed_module_file_makes_the_snapshot_stale(tmp_path, monkeypatch):
     import importlib
 
-    from spmd import preload_keep
+    from spmd.launch import kept as preload_keep
 
     write(tmp_path, "X = 1\n", name="snapmod_a.py")
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -394,7 +394,7 @@ def test_a_changed_or_removed_module_file_makes_the_snapshot_stale(tmp_path, mon
     importlib.import_module("snapmod_a")
     snap = preload_keep._snapshot()
     assert preload_keep._changed(snap) is None
-    assert str(tmp_path / "snapmod_a.py") in snap and any(f.endswith("spmd/preload_keep.py") for f in snap)
+    assert str(tmp_path / "snapmod_a.py") in snap and any(f.endswith("spmd/launch/kept.py") for f in snap)
     (tmp_path / "snapmod_a.py").write_text("X = 22\n")
     assert preload_keep._changed(snap) == f"{tmp_path / 'snapmod_a.py'} changed"
     (tmp_path / "snapmod_a.py").unlink()
@@ -404,7 +404,7 @@ def test_a_changed_or_removed_module_file_makes_the_snapshot_stale(tmp_path, mon
 
 @pytest.mark.unit
 def test_a_watching_server_tells_a_shut_down_writing_side_from_a_closed_peer():
-    from spmd.preload import _hung_up
+    from spmd.launch.forkserver import _hung_up
 
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     assert not _hung_up(ours, 0)
@@ -419,7 +419,7 @@ def test_a_watching_server_tells_a_shut_down_writing_side_from_a_closed_peer():
 def test_the_cli_passes_preload_keep_and_its_variable_needs_preload(tmp_path, monkeypatch):
     from spmd.cli import main as cli
     from spmd.errors import LaunchError
-    from spmd.launch import launch
+    from spmd.launch.supervise import launch
 
     with pytest.raises(LaunchError, match="preload_keep keeps a fork server of preloaded modules"):
         launch(["x.py"], 2, preload_keep=5)

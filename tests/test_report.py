@@ -20,9 +20,9 @@ import time
 import pytest
 
 from conftest import MPIRUN, PY, WORLDS, clean_env, finish, start, tool
-from spmd import abort
-from spmd.report import SignalReport, digest, normalise, stacks_text, where
-from spmd.watchdog import PEER_EXIT, WINDOW, Hub
+from spmd.failfast import abort
+from spmd.failfast.report import SignalReport, digest, normalise, stacks_text, where
+from spmd.failfast.hub import PEER_EXIT, WINDOW, Hub
 
 needs_mpirun = pytest.mark.skipif(MPIRUN is None, reason="mpirun not found: pip install mpich")
 

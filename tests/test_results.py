@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from spmd.comms.results import MIN_ITEMS, PER_SHAPE, Results, limit_from
+from spmd.comms.state.results import MIN_ITEMS, PER_SHAPE, Results, limit_from
 
 pytestmark = pytest.mark.unit
 

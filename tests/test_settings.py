@@ -5,10 +5,11 @@ import signal
 
 import pytest
 
-from spmd import backends, runtime
+from spmd.runtime import backends
+from spmd.runtime import start as runtime
 from spmd.cli import run as cli_run
 from spmd.errors import BackendError, SettingsError
-from spmd.settings import BACKENDS, DEFAULT_TIMEOUT, VARIABLES, Settings, parse_preempt_signal
+from spmd.config.settings import BACKENDS, DEFAULT_TIMEOUT, VARIABLES, Settings, parse_preempt_signal
 from spmd.submit import options
 
 pytestmark = pytest.mark.unit

@@ -422,8 +422,8 @@ def _srun_fault(cluster, where, scenario, extra):
 def test_a_pipeline_killed_halfway_under_srun_resumes_at_another_size(cluster, tmp_path):
     from test_pipeline_v2 import CHUNK, ROWS, check_resumed
 
-    from spmd import journal
-    from spmd.sinks import partial_path
+    from spmd.pipeline import journal
+    from spmd.pipeline.sinks import partial_path
 
     out = tmp_path / "out.npy"
     mark = f"spmd-resume-{uuid.uuid4().hex[:12]}"

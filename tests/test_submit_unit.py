@@ -20,7 +20,7 @@ import pytest
 from click.testing import CliRunner
 from conftest import finish, start
 
-from spmd import preempt
+from spmd.runtime import preempt
 from spmd.cli.submit import submit
 from spmd.submit import profiles
 from spmd.submit import sbatch as slurm

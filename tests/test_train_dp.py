@@ -22,8 +22,8 @@ from torch import nn
 
 from conftest import MPIRUN, PY, REPO, WORLDS, clean_env, run, tool
 from spmd.comms.base import Done
-from spmd.comms.serial import SerialComm
-from spmd.data_parallel import (
+from spmd.comms.backends.serial import SerialComm
+from spmd.train.data_parallel import (
     DataParallel,
     atomic_save,
     auto_bucket_mb,

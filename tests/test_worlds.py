@@ -44,7 +44,7 @@ def test_the_world_check_passes_in_debug_mode(backend):
 def test_mpirun_auto_picks_mpi_and_numpy_only_scripts_skip_torch():
     # Without torch tensors the script never imports torch; auto chooses mpi.
     if os.path.exists("/dev/nvidiactl"):
-        missing("a GPU machine: auto asks CUDA whether nccl is usable (spmd.backends.cuda_usable), "
+        missing("a GPU machine: auto asks CUDA whether nccl is usable (spmd.runtime.backends.cuda_usable), "
                 "which imports torch even when CUDA_VISIBLE_DEVICES hides every GPU")
     code = (
         "import runpy, sys; sys.argv = ['check', '--numpy-only'];"

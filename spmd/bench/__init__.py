@@ -12,9 +12,9 @@ describes the timing method.  Importing this package imports neither
 torch nor mpi4py.
 """
 
-from .cases import BUSBW, COLLECTIVES, EXTRAS
-from .measure import Settings, default_sizes, format_size, layout, parse_size, run
-from .world import IMPLS, World, open_alone, open_world
+from spmd.bench.cases import BUSBW, COLLECTIVES, EXTRAS
+from spmd.bench.measure import Settings, default_sizes, format_size, layout, parse_size, run
+from spmd.bench.world import IMPLS, World, open_alone, open_world
 
 __all__ = [
     "BUSBW",

@@ -4,7 +4,7 @@
     SPMD_BACKEND=gloo mpirun -n 2 python -m spmd.bench.caches    # gloo
     python -m spmd.bench.caches --rounds 9 --json caches.json
 
-Each case is one call that a cache of ``spmd.comms.caches`` serves.  Per
+Each case is one call that a cache of ``spmd.comms.state.caches`` serves.  Per
 round, the case is timed with its cache on and with it off, in an order
 that alternates between rounds, so load from other processes falls on
 both alike; a sample is the slowest rank's time per call over about
@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 
-from ..atomic import atomic_write
+from spmd.util.atomic import atomic_write
 
 __all__ = ["measure", "table", "main"]
 

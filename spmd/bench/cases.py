@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..comms.arrays import is_tensor
-from ..errors import BenchArgumentError
+from spmd.comms.arrays import is_tensor
+from spmd.errors import BenchArgumentError
 
 __all__ = [
     "COLLECTIVES",
@@ -384,7 +384,7 @@ def _reduce_scatter(world, impl, layout, fill):
         y = _buf(kind, lengths[rank])
         return Case(lambda: world.mpi.Reduce_scatter_block(x, y, MPI.SUM), lambda: y)
     if impl == "gloo":
-        from ..comms.torch_arrays import reduce_scatter_single
+        from spmd.comms.backends.torchdist.arrays import reduce_scatter_single
 
         y = _buf(kind, lengths[rank])
         return Case(lambda: reduce_scatter_single(y, x), lambda: y)

@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import BenchArgumentError
-from ..units import format_size, parse_size
-from .cases import ALL, BUSBW, COLLECTIVES, EXTRAS, Layout, build, check, impls_for
+from spmd.errors import BenchArgumentError
+from spmd.util.units import format_size, parse_size
+from spmd.bench.cases import ALL, BUSBW, COLLECTIVES, EXTRAS, Layout, build, check, impls_for
 
 __all__ = [
     "Settings",

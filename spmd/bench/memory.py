@@ -10,7 +10,7 @@ case: the largest over the ranks.
 
 import gc
 
-from ..errors import BenchError
+from spmd.errors import BenchError
 
 __all__ = ["available", "measure", "memory_table"]
 

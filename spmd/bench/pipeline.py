@@ -29,8 +29,9 @@ import subprocess
 import sys
 import time
 
-from ..errors import BenchError
-from .startup import _clean_env, find_mpirun
+from spmd.errors import BenchError
+from spmd.bench.startup import _clean_env, find_mpirun
+from spmd.util.paths import PIPELINE_WORKER
 
 __all__ = ["CASES", "measure", "table", "busy", "busy_table", "memory", "memory_table"]
 
@@ -49,7 +50,7 @@ CASES = (
 
 
 def _command(impl, ranks, rows, chunk, options):
-    worker = [sys.executable, "-m", "spmd.bench.pipeline_worker"]
+    worker = [sys.executable, "-m", PIPELINE_WORKER]
     args = [impl, str(rows), str(chunk), json.dumps(options)]
     if impl in ("serial", "pool"):
         return worker + args
@@ -58,7 +59,7 @@ def _command(impl, ranks, rows, chunk, options):
         raise BenchError("the pipeline benchmark needs mpirun: pip install mpich")
     if impl == "mpipool":
         return [mpirun, "-n", str(ranks), sys.executable, "-m", "mpi4py.futures", "-m",
-                "spmd.bench.pipeline_worker"] + args
+                PIPELINE_WORKER] + args
     return [mpirun, "-n", str(ranks)] + worker + args
 
 
@@ -248,7 +249,7 @@ def plot(rows, path, title):
         import matplotlib.pyplot as plt
     except ImportError:
         raise BenchError("--plot needs matplotlib: pip install matplotlib") from None
-    from ..atomic import atomic_path
+    from spmd.util.atomic import atomic_path
 
     s = summary(rows)
     fig, ax = plt.subplots(figsize=(8, 5))

@@ -6,7 +6,7 @@
 
 The work is the main job's: a SyntheticTable of ROWS x 16 (seed 0), the
 ``mlp`` task, rounds of CHUNK rows, every result back to root in row
-order, where its checksum (spmd.checksum, the same kind for all) is
+order, where its checksum (spmd.pipeline.checksum, the same kind for all) is
 computed. Root prints one line, ``PIPELINE_BENCH {json}``: the seconds
 from the first read to the last result on root (imports, the world's
 start and building fn are done before the clock starts), the output's
@@ -37,7 +37,7 @@ def _build():
     """The mlp task's fn, made without a communicator (its weights come from the seed alone)."""
     global _fn
     if _fn is None:
-        from spmd import tasks
+        from spmd.pipeline import tasks
 
         _fn = tasks.get("mlp").make(FEATURES, SEED, None)
     return _fn
@@ -49,13 +49,13 @@ def compute(block):
 
 
 def _table(rows):
-    from spmd.sources import SyntheticTable
+    from spmd.pipeline.sources import SyntheticTable
 
     return SyntheticTable(rows, FEATURES, SEED)
 
 
 def _rss():
-    from .memory import _kib
+    from spmd.bench.memory import _kib
 
     return _kib("VmRSS"), _kib("VmHWM")
 
@@ -93,7 +93,7 @@ def _pin():
 
 
 def serial(rows, chunk, options):
-    from spmd import checksum
+    from spmd.pipeline import checksum
 
     crc_kind = checksum.get()
     table, fn = _table(rows), _build()
@@ -108,7 +108,7 @@ def serial(rows, chunk, options):
 def spmd_pipeline(rows, chunk, options):
     _pin()
     from spmd import comm
-    from spmd.pipeline import pipeline
+    from spmd.pipeline.run import pipeline
 
     fn = _build()
     fn(_table(1).read(0, 1))
@@ -127,7 +127,7 @@ def mpi4py_loop(rows, chunk, options):
     _pin()
     from mpi4py import MPI
 
-    from spmd import checksum
+    from spmd.pipeline import checksum
     from spmd.comms.arrays import split_sizes
 
     world = MPI.COMM_WORLD
@@ -175,7 +175,7 @@ def _cuts(a, b, pieces):
 def pool(rows, chunk, options):
     import multiprocessing as mp
 
-    from spmd import checksum
+    from spmd.pipeline import checksum
 
     workers = int(options.get("workers", 2))
     crc_kind = checksum.get()
@@ -193,7 +193,7 @@ def mpipool(rows, chunk, options):
     from mpi4py import MPI
     from mpi4py.futures import MPIPoolExecutor
 
-    from spmd import checksum
+    from spmd.pipeline import checksum
 
     crc_kind = checksum.get()
     workers = MPI.COMM_WORLD.Get_size() - 1

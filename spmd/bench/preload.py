@@ -36,9 +36,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from ..errors import BenchError
-from ..launch import STRIPPED
-from .startup import first_collective_wrapper
+from spmd.errors import BenchError
+from spmd.launch.supervise import STRIPPED
+from spmd.bench.startup import first_collective_wrapper
 
 __all__ = ["measure", "report", "find_mpirun", "SCENARIOS"]
 

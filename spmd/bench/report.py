@@ -9,11 +9,11 @@ import time
 
 import numpy as np
 
-from ..atomic import atomic_path, atomic_write
-from ..errors import BenchError
-from .cases import ALL, COLLECTIVES
-from .measure import format_size
-from .world import IMPLS
+from spmd.util.atomic import atomic_path, atomic_write
+from spmd.errors import BenchError
+from spmd.bench.cases import ALL, COLLECTIVES
+from spmd.bench.measure import format_size
+from spmd.bench.world import IMPLS
 
 __all__ = [
     "SCHEMA",
@@ -66,7 +66,7 @@ def meta(world, settings, started, argv=None, load_start=None, thp_env_start=Non
             "many": list(settings.many),
         },
     }
-    from .. import __version__
+    from spmd import __version__
 
     info["spmd"] = __version__
     if "torch" in sys.modules:
@@ -243,7 +243,7 @@ def _sline(collective, what, s):
 
 def document(rows, info, startup=None):
     """Return the JSON document: schema, method, meta, rows, summary (and start-up)."""
-    from .measure import __doc__ as method
+    from spmd.bench.measure import __doc__ as method
 
     doc = {"schema": SCHEMA, "method": method.strip(), "meta": info, "rows": rows,
            "summary": summary(rows) if rows else None}
@@ -253,7 +253,7 @@ def document(rows, info, startup=None):
 
 
 def write_json(path, doc):
-    """Write doc to path as indented JSON, atomically (spmd.atomic)."""
+    """Write doc to path as indented JSON, atomically (spmd.util.atomic)."""
     with atomic_write(path, text=True) as f:
         json.dump(doc, f, indent=1)
         f.write("\n")

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import BenchError
-from ..launch import STRIPPED
+from spmd.errors import BenchError
+from spmd.launch.supervise import STRIPPED
 
 __all__ = ["scenarios", "measure", "startup_table", "find_mpirun", "first_collective_wrapper"]
 

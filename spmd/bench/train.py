@@ -37,8 +37,9 @@ import subprocess
 import sys
 import time
 
-from ..errors import BenchError
-from .startup import _clean_env, find_mpirun
+from spmd.errors import BenchError
+from spmd.bench.startup import _clean_env, find_mpirun
+from spmd.util.paths import TRAIN_WORKER
 
 __all__ = ["CASES", "launch", "measure", "losses", "summary", "targets", "report", "bench", "main"]
 
@@ -62,7 +63,7 @@ BREAKDOWN = ("forward", "local_backward", "backward", "sync", "comm", "optimizer
 
 
 def _command(backend, ranks, options, launcher):
-    args = ["-m", "spmd.bench.train_worker", json.dumps(options)]
+    args = ["-m", TRAIN_WORKER, json.dumps(options)]
     mpirun = find_mpirun()
     if launcher == "spmd" or (launcher == "auto" and mpirun is None and backend == "gloo"):
         return [sys.executable, "-c", "from spmd.cli import main; main()", "run", "-n", str(ranks), *args]
@@ -348,7 +349,7 @@ def main(argv=None):
     print(report(doc))
     print(f"load average: start {doc['load_average_start'][0]:.2f}, end {doc['load_average_end'][0]:.2f}")
     if o.json_path:
-        from .report import write_json
+        from spmd.bench.report import write_json
 
         write_json(o.json_path, doc)
         print(f"wrote {o.json_path}", file=sys.stderr)

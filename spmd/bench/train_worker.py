@@ -87,7 +87,7 @@ def _wrap(o, model, comm):
         # The pooler never gets a gradient (as in BERT): DDP must be told to look for such.
         ddp = DistributedDataParallel(model, find_unused_parameters=True)
         return ddp, ddp.no_sync, None, lambda: {"backend": f"torch {dist.get_backend()}", "buckets": None}
-    from spmd.data_parallel import DataParallel
+    from spmd.train.data_parallel import DataParallel
 
     dp = DataParallel(model, bucket_mb=o["bucket_mb"], overlap=o["overlap"], compress=o["compress"])
     # Read at the end: with overlap the buckets are rebuilt after the first step.

@@ -10,8 +10,8 @@ when it is there, else over gloo; it is never inside a timed block.
 
 import os
 
-from ..errors import BenchError
-from ..placement import Placement, check_mpi_world, detect
+from spmd.errors import BenchError
+from spmd.config.placement import Placement, check_mpi_world, detect
 
 __all__ = ["IMPLS", "World", "open_world", "open_alone"]
 
@@ -98,7 +98,7 @@ def open_alone(backends=("mpi", "gloo"), threads=None):
     if "mpi" in backends:
         from mpi4py import MPI
 
-        from ..comms.mpi import MpiComm
+        from spmd.comms.backends.mpi.comm import MpiComm
 
         mpi = MPI.COMM_SELF
         spmd_mpi = MpiComm(mpi, placement)
@@ -106,7 +106,7 @@ def open_alone(backends=("mpi", "gloo"), threads=None):
     if "gloo" in backends:
         import torch.distributed as dist
 
-        from ..comms.gloo import GlooComm
+        from spmd.comms.backends.torchdist.gloo import GlooComm
 
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
         spmd_gloo = GlooComm("gloo", placement)
@@ -135,7 +135,7 @@ def open_world(backends=("mpi", "gloo"), threads=None):
             )
         from mpi4py import MPI
 
-        from ..comms.mpi import MpiComm
+        from spmd.comms.backends.mpi.comm import MpiComm
 
         mpi = MPI.COMM_WORLD
         check_mpi_world(placement, mpi.Get_rank(), mpi.Get_size(), MPI.Get_library_version())

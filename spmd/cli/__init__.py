@@ -4,7 +4,7 @@ import importlib
 
 import click
 
-from .. import __version__
+from spmd import __version__
 
 
 class _LazyGroup(click.Group):

@@ -14,8 +14,9 @@ import traceback
 
 import click
 
-from ..bench.cases import ALL, COLLECTIVES, EXTRAS, MESSAGES
-from ..errors import SpmdError
+from spmd.bench.cases import ALL, COLLECTIVES, EXTRAS, MESSAGES
+from spmd.errors import SpmdError
+from spmd.util.paths import BENCH
 
 __all__ = ["bench"]
 
@@ -31,7 +32,7 @@ def _names(value, allowed, what):
 
 
 def _settings(opts):
-    from ..bench import IMPLS, Settings, default_sizes, parse_size
+    from spmd.bench import IMPLS, Settings, default_sizes, parse_size
 
     try:
         if opts["sizes"]:
@@ -56,7 +57,7 @@ def _settings(opts):
 
 def _relaunch(ctx, ranks):
     """Run this same command under mpirun -n ranks and return its exit code."""
-    from ..bench.startup import find_mpirun
+    from spmd.bench.startup import find_mpirun
 
     mpirun = find_mpirun()
     if mpirun is None:
@@ -71,7 +72,7 @@ def _relaunch(ctx, ranks):
             args.append(param.opts[0] if value else param.secondary_opts[0])
         else:
             args += [param.opts[0], str(value)]
-    cmd = [mpirun, "-n", str(ranks), sys.executable, "-m", "spmd.cli.bench"] + args
+    cmd = [mpirun, "-n", str(ranks), sys.executable, "-m", BENCH] + args
     click.echo("running: " + " ".join(cmd), err=True)
     return subprocess.call(cmd)
 
@@ -183,9 +184,9 @@ def bench(ctx, **opts):
 
 
 def _in_world(settings, opts):
-    from ..bench import open_alone, open_world, run
-    from ..bench.report import document, meta, plot, summary, summary_table, table, write_json
-    from ..placement import detect
+    from spmd.bench import open_alone, open_world, run
+    from spmd.bench.report import document, meta, plot, summary, summary_table, table, write_json
+    from spmd.config.placement import detect
 
     started, load, thp = time.time(), list(os.getloadavg()), os.environ.get("THP_MEM_ALLOC_ENABLE")
     alone = opts["alone"]
@@ -211,7 +212,7 @@ def _in_world(settings, opts):
         info = meta(world, settings, started, load_start=load, thp_env_start=thp)
     except BaseException:
         if world.size > 1 and world.mpi is not None:  # peers may wait forever: end the job
-            from ..runtime import abort_job
+            from spmd.runtime.start import abort_job
 
             traceback.print_exc()
             abort_job(1)  # as a failing rank of any spmd job: flush, a moment, MPI_Abort
@@ -233,8 +234,8 @@ def _in_world(settings, opts):
 
 
 def _memory(world, settings, opts):
-    from ..bench import memory, parse_size
-    from ..bench.report import write_json
+    from spmd.bench import memory, parse_size
+    from spmd.bench.report import write_json
 
     if not memory.available():
         raise click.ClickException("--memory needs Linux's /proc/self/clear_refs and VmHWM")
@@ -250,8 +251,8 @@ def _memory(world, settings, opts):
 
 
 def _pipeline(opts):
-    from ..bench import pipeline as pb
-    from ..bench.report import write_json
+    from spmd.bench import pipeline as pb
+    from spmd.bench.report import write_json
 
     scenarios = _names(opts["scenarios"], ("table", "busy", "memory"), "scenario")
     try:
@@ -286,8 +287,8 @@ def _pipeline(opts):
 
 
 def _train(opts):
-    from ..bench import train
-    from ..bench.report import write_json
+    from spmd.bench import train
+    from spmd.bench.report import write_json
 
     given = click.get_current_context().get_parameter_source("pipeline_ranks")
     text = opts["pipeline_ranks"] if given == click.core.ParameterSource.COMMANDLINE else "1,2,4"
@@ -307,8 +308,8 @@ def _train(opts):
 
 
 def _preload(opts):
-    from ..bench import preload
-    from ..bench.report import write_json
+    from spmd.bench import preload
+    from spmd.bench.report import write_json
 
     log = None if opts["quiet"] else (lambda line: click.echo(line, err=True))
     modules = [m.strip() for m in opts["preload_modules"].split(",") if m.strip()]
@@ -323,8 +324,8 @@ def _preload(opts):
 
 
 def _startup(ranks, repeats, script, json_path, quiet):
-    from ..bench.report import write_json
-    from ..bench.startup import measure, startup_table
+    from spmd.bench.report import write_json
+    from spmd.bench.startup import measure, startup_table
 
     if script is None:
         for candidate in ("jobs/scatter_gather.py", "jobs/collectives.py"):

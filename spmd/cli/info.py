@@ -6,9 +6,9 @@ import sys
 
 import click
 
-from .. import backends
-from ..errors import SpmdError
-from ..placement import detect
+from spmd.runtime import backends
+from spmd.errors import SpmdError
+from spmd.config.placement import detect
 
 
 def _devices():

@@ -5,10 +5,10 @@ import sys
 
 import click
 
-from ..backends import BACKENDS
-from ..errors import LaunchError, RendezvousError
-from ..launch import launch
-from ..preload import parse_modules
+from spmd.runtime.backends import BACKENDS
+from spmd.errors import LaunchError, RendezvousError
+from spmd.launch.supervise import launch
+from spmd.launch.forkserver import parse_modules
 
 __all__ = ["run"]
 

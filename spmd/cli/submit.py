@@ -9,11 +9,11 @@ from pathlib import Path
 
 import click
 
-from ..atomic import atomic_write
-from ..submit import profiles
-from ..submit import sbatch as slurm
-from ..submit.batch import render
-from ..submit.options import BACKENDS, DEFAULT_OUTPUT, LAUNCHERS, SubmitError, check, make
+from spmd.util.atomic import atomic_write
+from spmd.submit import profiles
+from spmd.submit import sbatch as slurm
+from spmd.submit.batch import render
+from spmd.submit.options import BACKENDS, DEFAULT_OUTPUT, LAUNCHERS, SubmitError, check, make
 
 __all__ = ["submit"]
 

@@ -8,7 +8,7 @@ import sys
 
 import numpy as np
 
-from ..errors import CollectiveError
+from spmd.errors import CollectiveError
 
 __all__ = [
     "OPS",

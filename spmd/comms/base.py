@@ -54,7 +54,7 @@ numpy or torch); gather returns the list of every rank's rows on root and
 ``None`` elsewhere; all_gather and all_to_all the list everywhere;
 reduce_scatter this rank's block, a new array.
 
-Point to point (:mod:`spmd.comms.p2p`) needs two hooks only, ``_send`` and
+Point to point (:mod:`spmd.comms.p2p.methods`) needs two hooks only, ``_send`` and
 ``_recv``, which move one contiguous array under a backend tag; the mixin
 builds messages (a header describing the array, then its data), maps user
 tags away from spmd's own, and checks what arrives.  ``_recv`` with
@@ -70,9 +70,9 @@ paths), ``_check_device`` (where arrays must live), ``_mover``
 (coalesced all_reduce), ``_close`` (release at finalize) and
 ``_note_stuck``/``_peers_report`` (timeout reports) and ``_is_timeout``
 (which of the backend's errors are its own timeout).  Then teach
-``spmd.runtime`` to start it, add its name to ``spmd.backends.BACKENDS``,
+``spmd.runtime.start`` to start it, add its name to ``spmd.runtime.backends.BACKENDS``,
 and add it to the conformance suite (``tests/test_conformance.py``) if
-it can run in one process.  :mod:`spmd.comms.serial` is the smallest
+it can run in one process.  :mod:`spmd.comms.backends.serial` is the smallest
 example.
 """
 
@@ -80,18 +80,18 @@ import abc
 
 import numpy as np
 
-from ..errors import CollectiveError, SpmdError, is_peer_lost
-from ..monitor import Monitor
-from . import meta
-from .arrays import check_array, dtype_name
-from .caches import Caches
-from .collectives import Collectives
-from .exchanges import Exchanges
-from .handle import Done, Handle
-from .incoming import header_buffer
-from .meta import Layout
-from .objects import Objects
-from .p2p import PointToPoint
+from spmd.errors import CollectiveError, SpmdError, is_peer_lost
+from spmd.failfast.calls import Monitor
+from spmd.comms.state import meta
+from spmd.comms.arrays import check_array, dtype_name
+from spmd.comms.state.caches import Caches
+from spmd.comms.api.collectives import Collectives
+from spmd.comms.api.exchanges import Exchanges
+from spmd.comms.handle import Done, Handle
+from spmd.comms.p2p.incoming import header_buffer
+from spmd.comms.state.meta import Layout
+from spmd.comms.api.objects import Objects
+from spmd.comms.p2p.methods import PointToPoint
 
 __all__ = ["Comm", "Handle", "Done", "Layout"]
 
@@ -99,9 +99,9 @@ __all__ = ["Comm", "Handle", "Done", "Layout"]
 class Comm(Collectives, Exchanges, PointToPoint, Objects, abc.ABC):
     """A group of ranks and the collectives among them.
 
-    The public methods come by family from the mixins: :mod:`~spmd.comms.collectives`,
-    :mod:`~spmd.comms.exchanges` (all_to_all, reduce_scatter, scan),
-    :mod:`~spmd.comms.p2p` (point to point), :mod:`~spmd.comms.objects`.
+    The public methods come by family from the mixins: :mod:`~spmd.comms.api.collectives`,
+    :mod:`~spmd.comms.api.exchanges` (all_to_all, reduce_scatter, scan),
+    :mod:`~spmd.comms.p2p.methods` (point to point), :mod:`~spmd.comms.api.objects`.
     """
 
     #: Name of the backend: "serial", "gloo", "nccl" or "mpi".
@@ -111,7 +111,7 @@ class Comm(Collectives, Exchanges, PointToPoint, Objects, abc.ABC):
 
     def __init__(self, rank, size, placement=None, device="cpu", timeout=None, monitor=None, caches=None):
         self._mon = monitor if monitor is not None else Monitor()
-        #: Every piece of performance state this communicator keeps (spmd.comms.caches).
+        #: Every piece of performance state this communicator keeps (spmd.comms.state.caches).
         self._caches = caches if caches is not None else Caches(size)
         self.rank = rank
         self.size = size
@@ -128,7 +128,7 @@ class Comm(Collectives, Exchanges, PointToPoint, Objects, abc.ABC):
         self._descs = self._caches.descs  # array descriptions, kept per shape
         # Where non-root ranks receive scatter's header (read before the next call).
         self._header_buffer = np.zeros(1 + meta.WIDTH + size, dtype=np.int64)
-        # Point to point (spmd.comms.p2p): pending immediate receives, and where a blocking
+        # Point to point (spmd.comms.p2p.methods): pending immediate receives, and where a blocking
         # receive's header (and inline data) lands, one receive at a time.
         self._incoming = []
         self._recv_header = header_buffer(self)
@@ -370,7 +370,7 @@ class Comm(Collectives, Exchanges, PointToPoint, Objects, abc.ABC):
         caller chains.
         """
         if self._is_timeout(exc):
-            from ..abort import stacks_report
+            from spmd.failfast.abort import stacks_report
 
             stacks_report()  # where every rank is at this hang, printed once by rank 0 (every backend)
             return self._mon.timeout_error(self, fp, exc, self._peers_report(fp), waiting)

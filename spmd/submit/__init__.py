@@ -6,7 +6,7 @@
 - ``sbatch``: preflight, ``sbatch --parsable``, the submission record, waiting.
 """
 
-from .batch import render
-from .options import SubmitError, SubmitOptions, make
+from spmd.submit.batch import render
+from spmd.submit.options import SubmitError, SubmitOptions, make
 
 __all__ = ["render", "make", "SubmitOptions", "SubmitError"]

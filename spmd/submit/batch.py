@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 import shlex
 
-from .options import SubmitError, SubmitOptions
+from spmd.submit.options import SubmitError, SubmitOptions
 
 __all__ = ["render", "directive", "launch_argv", "LAUNCHER_VARIABLES"]
 

@@ -13,8 +13,8 @@ import re
 from dataclasses import dataclass, field, fields, replace
 from typing import Mapping
 
-from ..backends import BACKENDS
-from ..errors import SubmitError
+from spmd.runtime.backends import BACKENDS
+from spmd.errors import SubmitError
 
 __all__ = ["SubmitOptions", "SubmitError", "make", "check", "time_seconds", "OPTION_NAMES",
            "BACKENDS", "LAUNCHERS", "MAIL_TYPES"]

@@ -30,7 +30,7 @@ import os
 from pathlib import Path
 from typing import Mapping
 
-from .options import SubmitError, check
+from spmd.submit.options import SubmitError, check
 
 try:  # Python 3.11+
     import tomllib as _toml

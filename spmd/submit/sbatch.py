@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping
 
-from ..atomic import atomic_write
-from .options import SubmitError
+from spmd.util.atomic import atomic_write
+from spmd.submit.options import SubmitError
 
 __all__ = ["sbatch_variables", "test_only", "parse_job_id", "submit", "write_record",
            "JobState", "job_states", "wait", "exit_status", "tail", "expand_pattern",

@@ -11,7 +11,7 @@ import time
 import numpy as np
 
 import spmd
-from spmd.monitor import Monitor
+from spmd.failfast.calls import Monitor
 
 comm = spmd.init(backend=sys.argv[1] if len(sys.argv) > 1 else None)
 

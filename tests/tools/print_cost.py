@@ -1,10 +1,10 @@
-"""Measure what whole-line output (spmd.output) costs a print-heavy script (docs/performance.md).
+"""Measure what whole-line output (spmd.runtime.output) costs a print-heavy script (docs/performance.md).
 
     python tests/tools/print_cost.py [--prints 200000] [--runs 7]
 
 Each run is a fresh python that prints --prints short lines ("rank 0 line
 123456") into a file or a pipe, with plain Python streams or with
-spmd.output's, with PYTHONUNBUFFERED=1 and without; the runs of all cases
+spmd.runtime.output's, with PYTHONUNBUFFERED=1 and without; the runs of all cases
 are interleaved, and the table gives the median seconds of the print loop
 (from the first print to the last flush, timed inside the child): wall
 clock, and CPU (user + system) which the other jobs of a busy host disturb less.
@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[2]
 CHILD = """
 import sys, time
 if sys.argv[1] == "whole":
-    from spmd import output
+    from spmd.runtime import output
     output.install(0, 2)
 n = int(sys.argv[2])
 t, c = time.perf_counter(), time.process_time()

@@ -231,7 +231,7 @@ large = np.full(300_000, float(r + 1))  # past the reduce-by-allreduce size on m
 comm.reduce(large, root=n - 1)
 same(large[[0, -1]], [n * (n + 1) / 2] * 2 if r == n - 1 else [r + 1.0] * 2, "large reduce, others unchanged")
 if comm.backend == "gloo":  # a reduce goes up a tree of sends, large ones in pieces: make pieces small
-    import spmd.comms.gloo as gloo_backend
+    import spmd.comms.backends.torchdist.gloo as gloo_backend
 
     saved, gloo_backend.PIECE_BYTES = gloo_backend.PIECE_BYTES, 4096
     try:
@@ -249,7 +249,7 @@ if comm.backend == "gloo":  # a reduce goes up a tree of sends, large ones in pi
     finally:
         gloo_backend.PIECE_BYTES = saved
 if comm.backend == "mpi":  # large blocking allreduces run in pieces; make pieces small to see them
-    import spmd.comms.mpi as mpi_backend
+    import spmd.comms.backends.mpi.comm as mpi_backend
 
     saved, mpi_backend.PIECE = mpi_backend.PIECE, 4096
     try:
@@ -268,7 +268,7 @@ if comm.backend == "mpi":  # large blocking allreduces run in pieces; make piece
         mpi_backend.PIECE = saved
 
 # -- large results are reused once dropped, never while held -----------------------
-from spmd.comms.results import MIN_ITEMS  # noqa: E402
+from spmd.comms.state.results import MIN_ITEMS  # noqa: E402
 
 POOL = comm._caches.results  # the world's results pool
 
@@ -473,7 +473,7 @@ def thread_names():
 # (half, firsts) are still referenced: a worker that outlives it can free a
 # tensor during interpreter teardown and abort the process at exit.
 spmd.finalize()
-# finalize lets go of everything the communicators kept (spmd.comms.caches)
+# finalize lets go of everything the communicators kept (spmd.comms.state.caches)
 ok(caches.nbytes == 0 and len(caches.flat) == 0 and len(caches.layouts) == 0,
    f"caches cleared at finalize ({caches.nbytes} bytes, {len(caches.flat)} flat, {len(caches.layouts)} layouts)")
 # The timeout watcher has ended too: a daemon thread left holding the

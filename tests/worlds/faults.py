@@ -13,8 +13,8 @@ import time
 import numpy as np
 
 import spmd
-import spmd.watchdog
-from spmd.placement import detect
+import spmd.failfast.hub
+from spmd.config.placement import detect
 
 scenario = sys.argv[1]
 if scenario == "late" and detect().rank == 1:
@@ -22,7 +22,7 @@ if scenario == "late" and detect().rank == 1:
 if scenario == "init-death" and detect().rank == 1:
     # Die inside init: the backend has started, this rank's hub handshake has not
     # (the others are in init too, waiting for this rank in the hub or init's barrier).
-    spmd.watchdog.Hub.__init__ = lambda *args, **kw: os.kill(os.getpid(), signal.SIGKILL)
+    spmd.failfast.hub.Hub.__init__ = lambda *args, **kw: os.kill(os.getpid(), signal.SIGKILL)
 if scenario == "gather-kill":  # allocated before READY: 128 MiB of float32 from each rank
     big = np.ones(32 << 20, dtype=np.float32)
 comm = spmd.init()
@@ -91,7 +91,7 @@ elif scenario == "gather-kill":  # a rank SIGKILLed while the others wait in a 2
     print(f"GATHERED rank {r}", flush=True)  # must not happen: rank 1 died before its data arrived
 elif scenario == "outsider":  # the test fuzzes the hub from outside, then touches the go file
     if r == 0:
-        hub = next(g for g in spmd.runtime._guards if isinstance(g, spmd.watchdog.Hub))
+        hub = next(g for g in spmd.runtime.start._guards if isinstance(g, spmd.failfast.hub.Hub))
         print(f"HUB {hub.address[0]} {hub.address[1]}", flush=True)
     go = os.environ["FAULTS_GO"]
     while not os.path.exists(go):

@@ -12,9 +12,12 @@ from pathlib import Path
 
 import numpy as np
 
-from spmd import checksum, comm, sinks, tasks
+from spmd import comm
+from spmd.pipeline import checksum
+from spmd.pipeline import sinks
+from spmd.pipeline import tasks
 from spmd.errors import PipelineError, PipelineJournalError
-from spmd.pipeline import SyntheticTable, pipeline
+from spmd.pipeline.run import SyntheticTable, pipeline
 
 work = Path(sys.argv[1])
 ROWS, CHUNK = 5000, 700

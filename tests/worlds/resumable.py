@@ -14,7 +14,7 @@ import time
 import numpy as np
 
 from spmd import comm
-from spmd.pipeline import SyntheticTable, pipeline
+from spmd.pipeline.run import SyntheticTable, pipeline
 
 output, rows, chunk = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 pause = float(sys.argv[4]) if len(sys.argv) > 4 else 0.05

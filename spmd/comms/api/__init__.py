@@ -1,0 +1,1 @@
+"""The public methods of a communicator, one mixin per family."""

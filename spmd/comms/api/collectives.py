@@ -1,0 +1,215 @@
+"""The collectives of a communicator: argument checks, then the backend's hooks.
+
+A mixin of :class:`~spmd.comms.base.Comm`, which declares the hooks and
+the bookkeeping (``_call``, ``_describing``) these methods go through.
+"""
+
+from spmd.errors import CollectiveError
+from spmd.comms.state import meta
+from spmd.comms.arrays import check_array, check_op, split_sizes
+from spmd.comms.handle import Done
+from spmd.comms.state.meta import Layout
+
+__all__ = ["Collectives"]
+
+
+class Collectives:
+    """broadcast, reduce, all_reduce, scatter, gather, all_gather, barrier, and more."""
+
+    def broadcast(self, x, root=0, async_op=False):
+        """Copy root's x into x on every rank, in place; return x."""
+        root = self._root(root)
+        if not async_op and not self._mon.active:
+            go = self._direct_broadcast(x, root)
+            if go is not None:
+                self._call(go[0], go[1], "broadcast", x, root)
+                return x
+        return self._call(self._broadcast, (self._array(x), root, async_op), "broadcast", x, root, None, async_op)
+
+    def reduce(self, x, root=0, op="sum", async_op=False):
+        """Combine x over ranks into root's x, in place; other ranks' x stay unchanged."""
+        root = self._root(root)
+        if not async_op and not self._mon.active:
+            go = self._direct_reduce(x, root, op)
+            if go is not None:
+                self._call(go[0], go[1], "reduce", x, root, op)
+                return x
+        op = check_op(op, self._array(x))
+        return self._call(self._reduce, (x, root, op, async_op), "reduce", x, root, op, async_op)
+
+    def all_reduce(self, x, op="sum", async_op=False, chunk_bytes=None):
+        """Combine x over ranks into every rank's x, in place; return x.
+
+        x may be a list of arrays: they are reduced as one flat buffer per
+        dtype, one call instead of one per array.  With ``chunk_bytes`` a
+        large x is reduced in pieces of at most that size (blocking), so
+        the backend's scratch memory stays bounded.
+        """
+        if not async_op and chunk_bytes is None and not self._mon.active:
+            go = self._direct_all_reduce(x, op)
+            if go is not None:
+                self._call(go[0], go[1], "all_reduce", x, None, op)
+                return x
+        if isinstance(x, (list, tuple)):
+            from spmd.comms.api.coalesce import all_reduce_many
+
+            return all_reduce_many(self, x, op, async_op)
+        op = check_op(op, self._array(x))
+        if chunk_bytes is not None and x.ndim and x.shape[0] > 1:
+            from spmd.comms.api.coalesce import all_reduce_chunked, nbytes
+
+            if nbytes(x) > chunk_bytes:
+                result = all_reduce_chunked(self, x, op, chunk_bytes)
+                return Done(result) if async_op else result
+        return self._call(self._all_reduce, (x, op, async_op), "all_reduce", x, None, op, async_op)
+
+    def scatter(self, chunks=None, root=0, async_op=False, *, equal=False, out=None):
+        """Send root's i-th chunk to rank i and return this rank's chunk.
+
+        On root, chunks is a list of ``size`` arrays, or one array split
+        along dim 0 the way ``numpy.array_split`` does.  Other ranks pass
+        None.  Chunk lengths along dim 0 may differ.
+
+        With ``equal=True`` (on every rank) all chunks have one shape and
+        root sends no description first: every rank other than root must
+        then pass ``out``, the array to receive into.  ``out`` may be
+        given in any case; the chunk lands in it and it is returned.
+        Without it the chunk is new memory, or that of a large earlier
+        result nothing refers to any more (``spmd.comms.state.results``).
+        """
+        root = self._root(root)
+        if equal:
+            if out is not None and not async_op and not self._mon.active:
+                go = self._direct_scatter(chunks if self.rank == root else None, root, out)
+                if go is not None:
+                    return self._call(go[0], go[1], "scatter", out, root, "equal")
+            if out is not None:
+                self._array(out, "out")
+            return self._scatter_equal(chunks, root, async_op, out)
+        if out is not None:
+            self._array(out, "out")
+        parts, whole, error = None, None, None
+        if self.rank == root:
+            try:
+                parts, whole, lengths = self._scatter_parts(chunks)
+                first = whole if parts is None else parts[0]
+                header = self._descs.scatter_header(first, lengths)
+            except CollectiveError as exc:
+                header, error = meta.error_header(self.size), str(exc)
+        else:
+            header = self._header_buffer
+        self._describing("scatter", None, root, self._broadcast_ints, header, root)
+        if header[0]:
+            raise CollectiveError(self._describing("scatter", None, root, self._broadcast_object, error, root))
+        layout = Layout(*self._descs.header(header))
+        if out is not None:
+            self._check_out(out, layout.kind, layout.dtype, (layout.lengths[self.rank],) + layout.trail, "scatter")
+        args = (parts, whole, layout, root, out, async_op)
+        return self._call(self._scatter, args, "scatter", None, root, None, async_op)
+
+    def _scatter_equal(self, chunks, root, async_op, out):
+        """scatter(equal=True): shapes known on every rank, so no header goes out."""
+        parts, whole, like = None, None, out
+        if self.rank == root:
+            parts, whole, lengths = self._scatter_parts(chunks)
+            first = whole if parts is None else parts[0]
+            if lengths.count(lengths[0]) != self.size:
+                raise CollectiveError(f"scatter(equal=True): chunk lengths differ ({lengths}); pass equal=False")
+            like = first if parts is not None else first[: lengths[0]]
+            if out is not None:
+                self._check_out(out, *self._kind_dtype(like), tuple(like.shape), "scatter")
+        elif out is None:
+            raise CollectiveError(
+                "scatter(equal=True): ranks other than root must pass out=, the array to receive "
+                "their chunk into (it tells them the shape); or call scatter without equal=True"
+            )
+        else:
+            lengths = [out.shape[0]] * self.size
+        layout = Layout(*self._kind_dtype(like), tuple(like.shape[1:]), lengths)
+        args = (parts, whole, layout, root, out, async_op)
+        return self._call(self._scatter, args, "scatter", like, root, "equal", async_op)
+
+    def _lengths(self, x, what, equal=False):
+        """Exchange array descriptions; return every rank's dim-0 length or raise everywhere.
+
+        With equal, nothing is exchanged: every rank is taken to have x's shape.
+        """
+        self._array(x)
+        row, same = self._descs.row(x)
+        if equal:
+            if same is None:
+                meta.check_rows([row], what)  # raises, naming what is wrong with x
+            return [x.shape[0]] * self.size
+        rows = self._describing(what, x, None, self._allgather_ints, row)
+        return self._descs.lengths(x, rows, same, what)
+
+    def _gather_out(self, x, lengths, out, what):
+        if out is not None:
+            self._array(out, "out")
+            self._check_out(out, *self._kind_dtype(x), (sum(lengths),) + tuple(x.shape[1:]), what)
+        return out
+
+    def gather(self, x, root=0, async_op=False, *, equal=False, out=None):
+        """Collect every rank's x on root: a list on root, None elsewhere.
+
+        Lengths along dim 0 may differ between ranks.  With ``equal=True``
+        (on every rank) all ranks' x have one shape and no descriptions
+        are exchanged first (one collective fewer).  With ``out``, an
+        array of every rank's rows one after another, root receives into
+        it; the list returned holds views of it.  Without ``out`` the
+        result is new memory, or that of a large earlier result nothing
+        refers to any more (``spmd.comms.state.results``).
+        """
+        root = self._root(root)
+        if equal and not async_op and not self._mon.active:
+            go = self._direct_gather(x, root, out if self.rank == root else None)
+            if go is not None:
+                return self._call(go[0], go[1], "gather", x, root, "equal")
+        lengths = self._lengths(x, "gather", equal)
+        out = self._gather_out(x, lengths, out, "gather") if self.rank == root else None
+        op = "equal" if equal else None
+        return self._call(self._gather, (x, lengths, root, out, async_op), "gather", x, root, op, async_op)
+
+    def all_gather(self, x, async_op=False, *, equal=False, out=None):
+        """Collect every rank's x on every rank, as a list in rank order.
+
+        ``equal`` and ``out`` work as for :meth:`gather`.
+        """
+        if equal and out is not None and not async_op and not self._mon.active:
+            go = self._direct_all_gather(x, out)
+            if go is not None:
+                return self._call(go[0], go[1], "all_gather", x, None, "equal")
+        lengths = self._lengths(x, "all_gather", equal)
+        out = self._gather_out(x, lengths, out, "all_gather")
+        op = "equal" if equal else None
+        return self._call(self._all_gather, (x, lengths, out, async_op), "all_gather", x, None, op, async_op)
+
+    def barrier(self):
+        """Block until every rank has called barrier."""
+        self._call(self._barrier, (), "barrier")
+
+    def _scatter_parts(self, chunks):
+        """On root: return (list of size arrays or None, whole array or None, lengths), or raise."""
+        if chunks is None:
+            raise CollectiveError("scatter: the root rank must pass the chunks, got None")
+        if not isinstance(chunks, (list, tuple)):
+            self._array(chunks, "scatter chunks")
+            if chunks.ndim == 0:
+                raise CollectiveError("scatter: cannot split a 0-d array; pass a list of chunks")
+            if meta.dtype_code(chunks.dtype) < 0 or chunks.ndim > meta.MAX_TRAIL + 1:
+                meta.check_rows([meta.encode(chunks)], "scatter")  # raises, naming it
+            return None, chunks, split_sizes(chunks.shape[0], self.size)
+        if len(chunks) != self.size:
+            raise CollectiveError(f"scatter: expecting {self.size} chunks (one per rank), got {len(chunks)}")
+        for i, c in enumerate(chunks):
+            check_array(c, f"scatter chunk {i}")
+            self._check_device(c, f"scatter chunk {i}")
+        parts = list(chunks)
+        first = parts[0]
+        if (
+            meta.dtype_code(first.dtype) < 0
+            or not 0 < first.ndim <= meta.MAX_TRAIL + 1
+            or any(p.dtype != first.dtype or p.shape[1:] != first.shape[1:] for p in parts)
+        ):
+            meta.check_rows([meta.encode(p) for p in parts], "scatter")  # raises, naming each
+        return parts, None, [p.shape[0] for p in parts]

@@ -1,0 +1,64 @@
+"""Collectives of picklable objects, and splitting a communicator.
+
+A mixin of :class:`~spmd.comms.base.Comm`.
+"""
+
+from spmd.errors import CollectiveError
+
+__all__ = ["Objects"]
+
+
+class Objects:
+    """broadcast_object, gather_object, all_gather_object, scatter_object, split."""
+
+    def broadcast_object(self, obj, root=0):
+        """Return root's obj on every rank (pickled)."""
+        root = self._root(root)
+        return self._call(self._broadcast_object, (obj, root), "broadcast_object", None, root)
+
+    def gather_object(self, obj, root=0):
+        """Return the list of every rank's obj on root, None elsewhere."""
+        root = self._root(root)
+        return self._call(self._gather_object, (obj, root), "gather_object", None, root)
+
+    def all_gather_object(self, obj):
+        """Return the list of every rank's obj on every rank."""
+        return self._call(self._all_gather_object, (obj,), "all_gather_object")
+
+    def scatter_object(self, objs=None, root=0):
+        """Return this rank's item of root's list of size objects."""
+        root = self._root(root)
+        error = None
+        if self.rank == root:
+            if objs is None or len(objs) != self.size:
+                got = "None" if objs is None else len(objs)
+                error = f"scatter_object: expecting {self.size} objects (one per rank), got {got}"
+        error = self.broadcast_object(error, root)
+        if error:
+            raise CollectiveError(error)
+        objs = list(objs) if self.rank == root else None
+        return self._call(self._scatter_object, (objs, root), "scatter_object", None, root)
+
+    # -- sub-communicators -----------------------------------------------------
+
+    def split(self, color=0, key=None, *, ranks=None):
+        """Split into sub-communicators, MPI_Comm_split style.
+
+        Ranks passing the same color form one communicator, ordered by
+        key then by rank; color None gets None back.  With ``ranks=[...]``
+        the listed ranks (in that order) form one and the rest get None.
+        Every rank must call split.
+        """
+        if ranks is not None:
+            ranks = list(ranks)
+            bad = [r for r in ranks if not isinstance(r, int) or not 0 <= r < self.size]
+            if bad or len(set(ranks)) != len(ranks):
+                raise CollectiveError(
+                    f"split: ranks must be distinct integers in 0..{self.size - 1}, got {ranks}"
+                )
+            color = 0 if self.rank in ranks else None
+            key = ranks.index(self.rank) if self.rank in ranks else 0
+        if color is not None and (not isinstance(color, int) or color < 0):
+            raise CollectiveError(f"split: color must be a non-negative int or None, got {color!r}")
+        key = self.rank if key is None else key
+        return self._call(self._split_comm, (color, key), "split")

@@ -1,0 +1,1 @@
+"""The torch.distributed backends: the general path, gloo, nccl, and their helpers."""

@@ -1,0 +1,1 @@
+"""What a communicator keeps between calls: caches, results pool, plans, array descriptions."""

@@ -1,0 +1,1 @@
+"""Fail-fast: the hub, ending the job on a failure, the one report, the call records."""

@@ -1,0 +1,1 @@
+"""``spmd run``: starting and supervising local ranks, and the fork server."""

@@ -1,0 +1,202 @@
+"""Root's side of a pipeline run: the input, the output and its journal, the checksums, verify.
+
+:class:`Root` opens what only root opens (the source as given, the
+output, a resume journal: :mod:`spmd.pipeline.journal`), makes the .npy output
+once the first round tells its layout, joins every rank's checksums,
+writes gathered rounds (in :class:`spmd.pipeline.rounds.Writer`'s thread) and
+puts the output in place at the end. A failure found here is kept in
+``pending`` and travels in root's next Status, so every rank raises the
+same error (:mod:`spmd.pipeline.ranks`).
+"""
+
+import pickle
+
+import numpy as np
+
+from spmd.pipeline import checksum
+from spmd.errors import PipelineError, PipelineJournalError, PipelineValueError
+from spmd.pipeline.journal import Journal, differences
+from spmd.pipeline.progress import Bar
+from spmd.pipeline.rounds import as_numpy, describe
+from spmd.pipeline.sinks import open_sink, partial_path
+from spmd.pipeline.sources import fingerprint, open_source
+
+__all__ = ["Root", "task_name", "differing_rows"]
+
+
+def task_name(fn, task):
+    """What a resume journal records as the task: task, else fn's ``spmd_task``, else its name."""
+    if task is not None:
+        return str(task)
+    own = getattr(fn, "spmd_task", None)
+    if own is not None:
+        return str(own)
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
+
+
+
+class Root:
+    """Root's books: the input, the output and its journal, the checksums, verify, the bar.
+
+    A failure found here is kept in ``pending`` and travels in root's
+    next Status, so every rank raises the same error.
+    """
+
+    def __init__(self, comm, fn, verify, lap):
+        self.comm, self.fn, self.verify, self.lap = comm, fn, verify, lap
+        self.pending = None
+        self.in_crc = self.out_crc = 0
+        self.rows_out = 0
+        self.mismatched, self.first_bad = 0, None
+        self.journal = None
+        self.writer = None
+        self.sent = None
+
+    def open(self, source, output, chunk_rows, progress, read, resume, task):
+        """Open the input, the output and any journal; return the plan every rank gets."""
+        try:
+            if callable(source) and not hasattr(source, "read"):
+                source = source()
+            self.src = src = open_source(source)
+            rows = int(src.shape[0])
+            chunk = int(chunk_rows) if chunk_rows else max(rows, 1)
+            if chunk < 1:
+                raise PipelineValueError(f"chunk_rows must be at least 1, got {chunk_rows}")
+            self.sink = open_sink(output, rows, resume=resume)
+            if resume and not self.sink.positional:
+                raise PipelineValueError("resume=True needs output to be a .npy path: the journal records "
+                                         "rounds written there")
+            self.bar = Bar() if progress is True else progress or None
+            plan = {
+                "rows": rows, "chunk": chunk, "start": 0, "rounds_before": 0, "layout": None,
+                "positional": self.sink.positional, "resume": bool(resume),
+                "shape": tuple(src.shape), "dtype": str(np.dtype(src.dtype)),
+                "in_row_bytes": np.dtype(src.dtype).itemsize * int(np.prod(src.shape[1:], dtype=np.int64)),
+                "shared": None, "checksum": checksum.kind(), "forced": checksum.forced(),
+            }
+            plan["why_root"] = "read='root'" if read == "root" else "the source is read by root alone"
+            if read != "root" and getattr(src, "every_rank", False):
+                try:
+                    plan["shared"] = pickle.dumps(src)
+                except Exception as exc:  # a local class, an open handle: root reads it
+                    plan["why_root"] = f"the source does not pickle ({describe(exc)})"
+            if self.sink.positional:
+                self._journal(output, resume, plan, src, task_name(self.fn, task))
+            return ("ok", plan)
+        except PipelineError as exc:  # spmd's own word on the arguments or the journal: as it is
+            return ("error", str(exc), type(exc).__name__)
+        except Exception as exc:
+            return ("error", f"cannot open the input: {describe(exc)}", "PipelineError")
+        finally:
+            self.lap("load")
+
+    def _journal(self, output, resume, plan, src, task):
+        journal = Journal(output)
+        self.identity = {"rows": plan["rows"], "input": f"{src!r} fingerprint {fingerprint(src)}",
+                         "task": task, "output": str(output)}
+        if not journal.exists():
+            if resume:
+                self.journal = journal
+            return
+        journal.load()
+        part = partial_path(output)
+        if not resume:
+            raise PipelineJournalError(
+                f"{journal.path} holds {len(journal.rounds)} finished rounds ({journal.done} of "
+                f"{journal.header.get('rows')} rows) of an interrupted run: run again with resume=True "
+                f"(--resume) to continue at row {journal.done}, or delete {journal.path} and {part} to start over")
+        now = dict(self.identity)
+        if plan["forced"]:  # SPMD_CHECKSUM names a kind: it must be the journal's; else spmd takes the journal's
+            now["checksum"] = plan["checksum"]
+        wrong = differences(journal.header, now)
+        if wrong:
+            raise PipelineJournalError(
+                f"{journal.path} does not match this run: " + "; ".join(wrong)
+                + f". Run the command that made it, or delete {journal.path} and {part} to start over")
+        kind = journal.header["checksum"]
+        if kind == "crc32c" and not checksum.has_crc32c():
+            raise PipelineJournalError(f"{journal.path} was written with crc32c checksums: pip install crc32c "
+                                       "to resume it")
+        layout = (journal.header["output_dtype"], tuple(journal.header["output_row_shape"]))
+        self.sink.reopen(*layout)
+        crc = checksum.get(kind)
+        self._check_written(journal, crc)
+        plan.update(start=journal.done, rounds_before=len(journal.rounds), layout=layout,
+                    checksum=kind, forced=True)
+        for r in journal.rounds:
+            n = r["rows"][1] - r["rows"][0]
+            self.in_crc = crc.combine(self.in_crc, r["in"], n * plan["in_row_bytes"])
+            self.out_crc = crc.combine(self.out_crc, r["out"], n * self.sink.row_bytes)
+        self.rows_out = journal.done
+        journal.reopen()
+        self.journal = journal
+
+    def _check_written(self, journal, crc):
+        """Check the rows the journal says are done against its checksums, round by round."""
+        for r in journal.rounds:
+            a, b = r["rows"]
+            got = crc.of(self.sink.read_rows(a, b))
+            if got != r["out"]:
+                raise PipelineJournalError(
+                    f"{self.sink.partial} rows {a} to {b} have {crc.name} {got:08x} but {journal.path} "
+                    f"recorded {r['out']:08x}: the output was changed since; delete both to start over")
+
+    def start_output(self, dtype, row_shape, start, kind, rows):
+        """Create the output file (or take the reopened one); start the journal; return where ranks write."""
+        if self.sink.writer is None:
+            self.sink.create(dtype, row_shape)
+            if self.journal is not None:
+                self.journal.start(dict(self.identity, checksum=kind, output_dtype=str(np.dtype(dtype)),
+                                        output_row_shape=list(row_shape)))
+        elif (str(np.dtype(dtype)), tuple(row_shape)) != (str(self.sink.dtype), self.sink.row_shape):
+            raise PipelineJournalError(
+                f"fn returns {np.dtype(dtype)} rows of shape {tuple(row_shape)} but the journal's output "
+                f"holds {self.sink.dtype} rows of shape {self.sink.row_shape}: not the run that made it")
+        nonce = np.frombuffer(np.random.bytes(8), np.uint8)
+        room = (rows - start) * self.sink.row_bytes
+        if room >= nonce.size:  # where a rank that sees this file finds these bytes
+            self.sink.writer.write_bytes(self.sink.header_bytes + start * self.sink.row_bytes, nonce)
+        return self.sink.where, self.sink.header_bytes, self.sink.row_bytes, nonce.tobytes() if room >= 8 else b""
+
+    def check_serial(self, a, result):
+        """verify: recompute the round serially from the rows as read and count the rows that differ."""
+        expect = np.ascontiguousarray(as_numpy(self.fn(self.kept)))
+        bad = differing_rows(result, expect)
+        if bad.size:
+            self.mismatched += int(bad.size)
+            if self.first_bad is None:
+                self.first_bad = a + int(bad[0])
+
+    def write(self, item):
+        """Writer thread: put one gathered round in the output, sync it and journal it."""
+        a, b, block, round_in, round_out = item
+        self.sink(a, block)
+        if self.journal is not None:
+            self.sink.sync()
+            self.journal.add(a, b, round_in, round_out)
+
+    def close(self, ok, empty):
+        """Finish the output; return what the Result shows as output."""
+        try:
+            written = self.sink.close(ok, empty)
+            if ok and self.journal is not None:
+                self.journal.remove()
+            elif self.journal is not None:
+                self.journal.close()
+            return written
+        except Exception as exc:
+            self.pending = f"finishing the output: {describe(exc)}"
+        finally:
+            self.lap("write")
+
+
+def differing_rows(got, expect):
+    """Return the indices of rows whose bytes differ (every row, if the shapes differ)."""
+    if got.shape != expect.shape or got.dtype != expect.dtype:
+        return np.arange(max(got.shape[0], expect.shape[0] if expect.ndim else 1))
+    n = got.shape[0]
+    if n == 0:
+        return np.arange(0)
+    g = got.reshape(n, -1).view(np.uint8) if got.ndim > 1 else got.reshape(n, 1).view(np.uint8)
+    e = expect.reshape(n, -1).view(np.uint8) if expect.ndim > 1 else expect.reshape(n, 1).view(np.uint8)
+    return np.flatnonzero((g != e).any(axis=1))

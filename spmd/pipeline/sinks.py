@@ -1,0 +1,232 @@
+"""Where a pipeline's results go: an array in memory, a .npy file, or a callable.
+
+A .npy output (:class:`NpyFile`) is made whole-sized, with its header, as
+soon as the first round tells the output's dtype and row shape, and rows
+are written at their offsets, by root or by each rank itself
+(:class:`RowWriter`). It appears under its name only when complete: a
+plain run writes a temporary of :mod:`spmd.util.atomic`, a resumable one
+``<output>.partial``, kept after a crash for the next run to continue.
+"""
+
+import contextlib
+import os
+from pathlib import Path
+
+import numpy as np
+
+from spmd.util.atomic import AtomicFile, fsync_dir
+from spmd.errors import PipelineError, PipelineTypeError
+
+__all__ = ["open_sink", "Collect", "NpyFile", "RowWriter", "Call", "partial_path"]
+
+
+class Collect:
+    """Keep the blocks in memory; close returns them as one array."""
+
+    positional = False
+
+    def __init__(self):
+        self.parts = []
+
+    def __call__(self, start, block):
+        self.parts.append(block)
+
+    def close(self, ok, empty):
+        if not ok:
+            return None
+        return np.concatenate(self.parts) if self.parts else empty
+
+
+class Call:
+    """Hand every block to fn(start_row, block); close returns None."""
+
+    positional = False
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __call__(self, start, block):
+        self.fn(start, block)
+
+    def close(self, ok, empty):
+        return None
+
+
+def partial_path(path):
+    """Where a resumable run keeps its unfinished output."""
+    return Path(f"{os.fspath(path)}.partial")
+
+
+def _header(dtype, row_shape, rows):
+    """The bytes of a .npy (format 2.0) header for rows rows of row_shape in dtype."""
+    import io
+
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_2_0(buf, {
+        "descr": np.lib.format.dtype_to_descr(np.dtype(dtype)),
+        "fortran_order": False,
+        "shape": (int(rows),) + tuple(int(n) for n in row_shape),
+    })
+    return buf.getvalue()
+
+
+class RowWriter:
+    """Write rows of a .npy file at their offsets (any rank; the file exists, whole-sized)."""
+
+    def __init__(self, path, header_bytes, row_bytes):
+        self.path, self.header_bytes, self.row_bytes = os.fspath(path), header_bytes, row_bytes
+        self.fd = os.open(self.path, os.O_WRONLY)
+
+    def write(self, start, block):
+        """Write block's rows from row start on; return the bytes written."""
+        data = memoryview(np.ascontiguousarray(block).reshape(-1).view(np.uint8))
+        offset, done = self.header_bytes + start * self.row_bytes, 0
+        while done < len(data):
+            done += os.pwrite(self.fd, data[done:], offset + done)
+        return done
+
+    def write_bytes(self, offset, data):
+        """Write raw bytes at a byte offset (root's mark that ranks look for)."""
+        data = memoryview(np.ascontiguousarray(data).reshape(-1).view(np.uint8))
+        done = 0
+        while done < len(data):
+            done += os.pwrite(self.fd, data[done:], offset + done)
+
+    def read_bytes(self, offset, count):
+        """Read count bytes at a byte offset through a separate descriptor."""
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            return os.pread(fd, count, offset)
+        finally:
+            os.close(fd)
+
+    def sync(self):
+        os.fdatasync(self.fd)
+
+    def close(self, sync=True):
+        if self.fd is None:
+            return
+        try:
+            if sync:
+                os.fsync(self.fd)
+        finally:
+            os.close(self.fd)
+            self.fd = None
+
+
+class NpyFile:
+    """A .npy output of rows rows, written at row offsets, put in place whole.
+
+    resume: the file is ``<path>.partial`` (kept on failure, reopened by
+    the next run) rather than a temporary removed on failure.
+    """
+
+    positional = True
+
+    def __init__(self, path, rows, resume=False):
+        self.path, self.rows, self.resume = Path(path), int(rows), resume
+        self.partial = partial_path(self.path) if resume else None
+        self.atomic = self.writer = None
+        self.where = None  # the file ranks write into, once created
+        self.dtype = self.row_shape = None
+        self.header_bytes = self.row_bytes = None
+
+    def _layout(self, dtype, row_shape):
+        self.dtype, self.row_shape = np.dtype(dtype), tuple(row_shape)
+        self.row_bytes = self.dtype.itemsize * int(np.prod(self.row_shape, dtype=np.int64))
+        header = _header(self.dtype, self.row_shape, self.rows)
+        self.header_bytes = len(header)
+        return header
+
+    def create(self, dtype, row_shape):
+        """Make the file, whole-sized with its header; return its path for the writers."""
+        header = self._layout(dtype, row_shape)
+        if self.resume:
+            f = open(self.partial, "wb")
+            self.where = os.fspath(self.partial)
+        else:
+            self.atomic = AtomicFile(self.path)
+            f = self.atomic.file
+            self.where = self.atomic.tmp
+        f.write(header)
+        f.truncate(self.header_bytes + self.rows * self.row_bytes)
+        f.flush()
+        if self.resume:
+            os.fsync(f.fileno())
+            f.close()
+        self.writer = RowWriter(self.where, self.header_bytes, self.row_bytes)
+        return self.where
+
+    def reopen(self, dtype, row_shape):
+        """Open an existing ``.partial`` of a resumed run after checking its header and size."""
+        header = self._layout(dtype, row_shape)
+        try:
+            with open(self.partial, "rb") as f:
+                head = f.read(len(header))
+            size = os.path.getsize(self.partial)
+        except FileNotFoundError:
+            raise PipelineError(f"{self.partial} is missing: the journal {self.path}.journal "
+                                "belongs to it; delete the journal to start over") from None
+        want = self.header_bytes + self.rows * self.row_bytes
+        if head != header or size != want:
+            raise PipelineError(f"{self.partial} is not the output the journal describes ({size} bytes "
+                                f"where {want} were expected, or another header); delete it and "
+                                f"{self.path}.journal to start over")
+        self.where = os.fspath(self.partial)
+        self.writer = RowWriter(self.where, self.header_bytes, self.row_bytes)
+        return self.where
+
+    def read_rows(self, start, stop):
+        """Return rows start to stop as they are in the file (a resumed run checks them)."""
+        count = (stop - start) * self.row_bytes
+        with open(self.where, "rb") as f:
+            f.seek(self.header_bytes + start * self.row_bytes)
+            data = f.read(count)
+        return np.frombuffer(data, self.dtype).reshape((stop - start,) + self.row_shape)
+
+    def __call__(self, start, block):
+        if self.writer is None:
+            self.create(block.dtype, block.shape[1:])
+        self.writer.write(start, block)
+
+    def sync(self):
+        if self.writer is not None:
+            self.writer.sync()
+
+    def close(self, ok, empty):
+        """Put the file in place (ok) or remove it (a plain run) / keep it (resumable); return the path or None."""
+        if ok and self.writer is None:
+            self.create(empty.dtype, empty.shape[1:])
+        if self.writer is None:
+            return None
+        if not ok:
+            with contextlib.suppress(OSError):
+                self.writer.close(sync=self.resume)
+            if self.atomic is not None:
+                self.atomic.discard()
+            return None
+        self.writer.close()
+        if self.atomic is not None:
+            self.atomic.commit()
+        else:
+            os.replace(self.partial, self.path)
+            fsync_dir(os.path.dirname(os.path.abspath(self.path)))
+        return self.path
+
+
+def open_sink(output, rows, resume=False):
+    """Return the sink for output: None (collect), a .npy path of rows rows, or a callable(start, block).
+
+    A sink is called with (start_row, block) for every round, in row
+    order, and then close(ok, empty) once: it returns what the Result
+    shows as output, and with ok False leaves nothing half written
+    (a resumable .npy keeps its ``.partial``).
+    """
+    if output is None:
+        return Collect()
+    if isinstance(output, (str, os.PathLike)):
+        return NpyFile(output, rows, resume=resume)
+    if callable(output):
+        return Call(output)
+    raise PipelineTypeError(f"output must be None, a .npy path or a callable(start, block), "
+                            f"got {type(output).__name__}")

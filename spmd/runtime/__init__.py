@@ -1,0 +1,1 @@
+"""The process-wide communicator: init and finalize, backends, rendezvous, output, the runner."""

@@ -1,0 +1,34 @@
+"""The global ``comm``: a stand-in that starts the runtime on first use."""
+
+from spmd.runtime.start import init, initialized, on_finalize
+
+__all__ = ["comm"]
+
+
+class _GlobalComm:
+    """Forward to the runtime's communicator, starting it on first use.
+
+    After the first lookup of a name its value is kept on the stand-in,
+    so later calls cost one attribute lookup, as on the real object;
+    finalize makes it forget them.
+    """
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        value = getattr(init(), name)
+        if not name.startswith("_"):
+            self.__dict__[name] = value
+        return value
+
+    def _forget(self):
+        self.__dict__.clear()
+
+    def __repr__(self):
+        if not initialized():
+            return "<spmd.comm (not started; starts on first use)>"
+        return repr(init())
+
+
+comm = _GlobalComm()
+on_finalize(comm._forget)

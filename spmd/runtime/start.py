@@ -1,0 +1,368 @@
+"""The process-wide communicator: started once by init, ended by finalize.
+
+init reads in one direction: the settings (its arguments and the SPMD_*
+variables, parsed once), then the placement (where the launcher put this
+rank), then the rendezvous and the backend's communicator, then the guards
+that watch it (the hub, the MPI timeout).  What an abort needs to know of
+the running communicator is registered with spmd.failfast.abort.
+"""
+
+import atexit
+import os
+import sys
+import threading
+import time
+
+from spmd.failfast import abort
+from spmd.runtime import backends
+from spmd.runtime import output
+from spmd.failfast.abort import ABORT_GRACE, abort_job  # noqa: F401 (also spmd.runtime.start's, as before)
+from spmd.errors import BackendError, SettingsError
+from spmd.config.placement import check_mpi_vendor, check_mpi_world, detect
+from spmd.config.settings import DEFAULT_TIMEOUT, Settings, parse_timeout
+
+__all__ = ["init", "finalize", "initialized", "on_finalize", "abort_job", "DEFAULT_TIMEOUT"]
+
+_lock = threading.RLock()
+_comm = None
+_guards = []  # what lives as long as the communicator: watchdogs, the torch group beside MPI
+_finalizers = []  # called at every finalize: caches of the communicator that just ended
+
+
+def _timeout(timeout, environ):
+    """Return seconds from the timeout argument, else environ's SPMD_TIMEOUT, else 1800."""
+    return parse_timeout(environ, timeout)
+
+
+def _init_mpi_within(MPI, placement, seconds):
+    """MPI_Init, which waits for every rank: end the job if one never comes.
+
+    MPI_Init holds the GIL, so no Python thread can watch it; a forked
+    child does, and kills this process (and so, through the launcher,
+    the job) when the time is up.
+    """
+    parent = os.getpid()
+    child = os.fork()
+    if child == 0:  # the watcher: wait, then speak and end the parent
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            time.sleep(0.2)
+            if os.getppid() != parent:  # the parent is gone: never kill a reused pid
+                os._exit(0)
+        os.write(2, (
+            f"### spmd: rank {placement.rank}: MPI_Init did not complete within {seconds:g} s: "
+            f"not all {placement.size} ranks started (see the launcher's output), "
+            "or raise SPMD_TIMEOUT\n"
+        ).encode())
+        os.kill(parent, 9)
+        os._exit(0)
+    try:
+        MPI.Init_thread(MPI.THREAD_MULTIPLE)
+    finally:
+        os.kill(child, 9)
+        os.waitpid(child, 0)
+
+
+def _mpi_world(placement, seconds):
+    """Return MPI.COMM_WORLD if mpi4py is importable and agrees with the launcher."""
+    try:
+        import mpi4py
+    except ImportError:
+        return None
+    if "mpi4py.MPI" not in sys.modules:
+        # Look at the library before MPI_Init, which aborts under a foreign launcher.
+        mpi4py.rc.initialize = False
+        mpi4py.rc.finalize = True
+    from mpi4py import MPI
+
+    if not MPI.Is_initialized():
+        check_mpi_vendor(placement, MPI.get_vendor()[0], MPI.Get_library_version())
+        _init_mpi_within(MPI, placement, seconds)
+    world = MPI.COMM_WORLD
+    check_mpi_world(placement, world.Get_rank(), world.Get_size(), MPI.Get_library_version())
+    return world
+
+
+def _choose(requested, placement, mpi_world, environ):
+    """Return the backend to run, given what was requested and what works."""
+    if requested == "auto":
+        if placement.launcher != "none" and backends.cuda_usable():
+            return "nccl"
+        if mpi_world is not None:
+            return "mpi"
+        return "gloo"
+    backends.check_available(requested)
+    if requested == "mpi" and mpi_world is None:
+        raise BackendError(
+            f"backend 'mpi' needs an MPI launcher, but this job was started by "
+            f"{placement.launcher}; start it with mpirun (or srun --mpi=pmi2), "
+            "or choose the gloo backend"
+        )
+    return requested
+
+
+def _nccl_device(placement, store):
+    """Bind this rank's GPU, refusing several ranks on one GPU before NCCL starts."""
+    import socket
+
+    import torch
+
+    device = backends.cuda_device(placement.local_rank, torch.cuda.device_count())
+    torch.cuda.set_device(device)
+    uuid = str(torch.cuda.get_device_properties(device).uuid)
+    store.set(f"spmd/gpu/{placement.rank}", f"{socket.gethostname()}\n{uuid}")
+    bindings = []
+    for r in range(placement.size):
+        host, gpu = store.get(f"spmd/gpu/{r}").decode().split("\n")
+        bindings.append((r, host, gpu))
+    error = backends.shared_gpu_error(bindings)
+    if error:
+        raise BackendError(error)
+    return device
+
+
+def _monitor(settings, nccl):
+    from spmd.failfast.calls import Monitor
+
+    return Monitor(settings.debug, settings.trace, nvtx=nccl)
+
+
+def _start(settings, environ):
+    """Start the communicator; return it and the guards that watch it."""
+    placement = detect(environ)
+    seconds = settings.timeout
+    if placement.size == 1:
+        from spmd.comms.backends.serial import SerialComm
+
+        device = "cuda:0" if settings.backend == "nccl" and backends.cuda_usable() else "cpu"
+        return SerialComm(placement, device, seconds, _monitor(settings, False)), []
+    mpi_world = _mpi_world(placement, seconds) if placement.is_mpi else None
+    name = _choose(settings.backend, placement, mpi_world, environ)
+    monitor = _monitor(settings, name == "nccl")
+    local = placement.num_nodes == 1
+    torch_mpi = name == "mpi" and "torch" in sys.modules and _torch_has_mpi()
+    if name == "mpi" and not torch_mpi:
+        from spmd.comms.backends.mpi.comm import MpiComm
+        from spmd.failfast.hub import Hub, MpiTimeout
+
+        side = _torch_group(settings, placement, mpi_world, environ)
+        comm = MpiComm(mpi_world, placement, seconds, monitor)
+        timer = MpiTimeout(comm, monitor.family)
+        hub = Hub(placement.rank, placement.size, comm.broadcast_object, local, seconds, monitor.family)
+        return comm, [timer, hub] + side
+    from spmd.comms.backends.torchdist.world import init_process_group, open_comm
+    from spmd.failfast.hub import Hub, store_share
+
+    store, device, guards = None, "cpu", []
+    if not torch_mpi:  # torch's own MPI group meets through MPI itself
+        store = _meet(placement, settings, mpi_world, environ)
+    if name == "nccl":
+        device = _nccl_device(placement, store)
+    init_process_group(name, store, placement.rank, placement.size, seconds, device)
+    comm = open_comm(name, placement, device, timeout=seconds, monitor=monitor, store=store)
+    if store is not None:
+        share = store_share(store, placement.rank)
+        guards.append(Hub(placement.rank, placement.size, share, local, seconds, monitor.family))
+    return comm, guards
+
+
+class _TorchGroup:
+    """torch.distributed's default group that spmd started beside MPI; close destroys it."""
+
+    def __init__(self, store):
+        import weakref
+
+        import torch.distributed as dist
+
+        self._store = store  # the rendezvous store: the group holds it too
+        self._group = weakref.ref(dist.group.WORLD)  # never the group itself
+
+    def close(self):
+        import gc
+
+        import torch.distributed as dist
+
+        # Only spmd's own group: one the user started after destroying it is theirs.
+        if dist.is_initialized() and dist.group.WORLD is self._group():
+            dist.destroy_process_group()
+        # gloo's threads end only once nothing holds the group (see TorchComm._close):
+        # drop the store too, and collect now rather than at interpreter teardown.
+        self._store = None
+        gc.collect()
+
+
+def _torch_group_wanted(settings):
+    """Tell whether to start torch.distributed beside MPI, importing torch if asked to."""
+    if settings.torch_group is False or (settings.torch_group is None and "torch" not in sys.modules):
+        return False
+    import torch.distributed as dist
+
+    return dist.is_available() and not dist.is_initialized()  # a group of the user's: left alone
+
+
+def _torch_group(settings, placement, mpi_world, environ):
+    """On the mpi backend, start torch.distributed's default group too; return [its owner] or []."""
+    if not _torch_group_wanted(settings):
+        return []
+    from spmd.comms.backends.torchdist.world import init_process_group
+
+    seconds = settings.timeout
+    store = _meet(placement, settings, mpi_world, environ)  # under MPI the address goes over MPI
+    name, device = "gloo", "cpu"
+    if _nccl_fits(placement, mpi_world):
+        name, device = "nccl", _nccl_device(placement, store)
+    init_process_group(name, store, placement.rank, placement.size, seconds, device)
+    return [_TorchGroup(store)]
+
+
+def _meet(placement, settings, mpi_world, environ):
+    """Rendezvous for a torch group: return the store, once every rank has reached it."""
+    from spmd.runtime.rendezvous import await_peers, rendezvous
+
+    store, _, _ = rendezvous(placement, settings, mpi_world, environ)
+    await_peers(store, placement.rank, placement.size, settings.timeout)
+    return store
+
+
+def _nccl_fits(placement, mpi_world):
+    """Tell whether every rank can bind a GPU of its own for nccl (all ranks agree, over MPI)."""
+    fits = False
+    if placement.launcher != "none" and backends.cuda_usable():
+        import torch
+
+        fits = placement.local_size <= torch.cuda.device_count()
+    return all(mpi_world.allgather(fits))
+
+
+def _register_abort(comm, guards):
+    """Tell spmd.failfast.abort this communicator's rank and size, and how its hub warns the others and
+    compares their failures; on SIGUSR2, ask the hub where every rank is.  Return the guards."""
+    hubs = []
+    if guards:
+        from spmd.failfast.hub import Hub
+
+        hubs = [guard for guard in guards if isinstance(guard, Hub)]
+    abort.register(comm.rank, comm.size, [hub.fail for hub in hubs], hubs[0] if hubs else None)
+    if not hubs:
+        return guards
+    from spmd.failfast.report import SignalReport
+
+    signals = SignalReport(hubs[0].ask_stacks)  # only from the main thread, over no handler of the user's
+    return [signals] + guards if signals.installed else guards
+
+
+def _torch_has_mpi():
+    import torch.distributed as dist
+
+    return dist.is_mpi_available()
+
+
+def init(backend=None, timeout=None, debug=None, trace=None, torch_group=None):
+    """Start the runtime once and return the global communicator.
+
+    backend: "auto" (default), "gloo", "nccl" or "mpi"; else SPMD_BACKEND.
+    timeout: seconds (or a timedelta) that init and each collective may
+    wait; else SPMD_TIMEOUT, else 1800.
+    debug: compare every collective's fingerprint across ranks first;
+    else SPMD_DEBUG.  trace: a path for a Chrome trace of every
+    collective, and a summary table at finalize; else SPMD_TRACE.
+    torch_group: on the mpi backend (mpi4py), also start torch.distributed's
+    default group (gloo, nccl on GPUs), so torch's own code and DDP run:
+    None (auto: when torch is imported at init), True (importing torch) or
+    False; else SPMD_TORCH_GROUP.  One the user started first is left alone.
+    Later calls return the same communicator, and raise if they ask for
+    a different backend or timeout.
+    """
+    global _comm, _guards
+    with _lock:
+        if _comm is None:
+            # torch backs large CPU tensors with transparent huge pages only when
+            # asked; without them MPI moves them up to 1.7x slower than numpy's.
+            # Read at torch's first large allocation, so this is early enough.
+            os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
+            # A bad setting fails here, on every rank, before any rank waits for another.
+            settings = Settings.parse(os.environ, backend, timeout, debug, trace, torch_group)
+            # Each rank's lines whole (and tagged if asked), from here to its exit.
+            output.whole_lines(os.environ, settings.tag_output)
+            _comm, _guards = _start(settings, os.environ)
+            _guards = _register_abort(_comm, _guards)
+            _comm._caches.results.configure(settings.keep_results, _comm.local_size)
+            if _comm.size > 1:
+                _install_excepthook()
+                # Nobody leaves init (and perhaps the job) while a peer still joins.
+                _comm._barrier()
+            _comm._mon.restart()  # the user's first collective is call #1
+            atexit.register(finalize)
+            return _comm
+        if backend not in (None, "auto", _comm.backend) and _comm.size > 1:
+            raise BackendError(
+                f"spmd is already running on backend {_comm.backend!r}; call spmd.init(backend=...) "
+                "before the first use of comm, or spmd.finalize() first"
+            )
+        if timeout is not None and parse_timeout({}, timeout) != _comm.timeout:
+            raise SettingsError(
+                f"spmd is already running with a timeout of {_comm.timeout:g} s; call "
+                "spmd.init(timeout=...) before the first use of comm, or set SPMD_TIMEOUT"
+            )
+        return _comm
+
+
+def _install_excepthook():
+    """Make an uncaught exception end the whole job, with this rank's traceback."""
+    previous = sys.excepthook
+
+    def hook(exc_type, exc, tb):
+        if issubclass(exc_type, KeyboardInterrupt):
+            return previous(exc_type, exc, tb)
+        abort_job(1, after=abort.report_failure(exc_type, exc, tb))
+
+    sys.excepthook = hook
+
+
+def on_finalize(fn):
+    """Call fn() at every finalize, as the communicator ends (the global comm forgets it); return fn."""
+    _finalizers.append(fn)
+    return fn
+
+
+def initialized():
+    """Tell whether init has run (and finalize has not)."""
+    return _comm is not None
+
+
+def finalize():
+    """End the runtime (collective): report the trace, stop the guards, close."""
+    global _comm, _guards
+    with _lock:
+        if _comm is None:
+            return
+        comm, guards = _comm, _guards
+        _comm, _guards = None, []
+        abort.unregister()
+        for forget in _finalizers:
+            forget()
+        try:
+            _report_trace(comm)
+            # Collective, like MPI_Finalize: nobody leaves while a peer still
+            # finishes its last collective, and the hub never sees a false death.
+            if comm.size > 1:
+                comm._barrier()
+        finally:
+            for guard in guards:
+                guard.close()
+            comm._close()
+            comm._caches.clear()  # every buffer and datatype the communicators kept
+
+
+def _report_trace(comm):
+    """Merge every rank's trace on rank 0, print the table, write the file."""
+    mon = comm._mon
+    if mon.events is None:
+        return
+    per_rank = comm._gather_object(mon.events, 0)
+    if comm.rank == 0:
+        from spmd.failfast.calls import format_summary, summarize, write_trace
+
+        write_trace(mon.trace, per_rank)
+        rows = summarize([e for events in per_rank for e in events], comm.size)
+        sys.stderr.write(format_summary(rows, comm.size) + f"\ntrace written to {mon.trace}\n")

@@ -1,0 +1,1 @@
+"""Data-parallel training: DataParallel and checkpoints."""
