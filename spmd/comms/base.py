@@ -71,7 +71,7 @@ paths), ``_check_device`` (where arrays must live), ``_mover``
 ``_note_stuck``/``_peers_report`` (timeout reports) and ``_is_timeout``
 (which of the backend's errors are its own timeout).  Then teach
 ``spmd.runtime.start`` to start it, add its name to ``spmd.runtime.backends.BACKENDS``,
-and add it to the conformance suite (``tests/test_conformance.py``) if
+and add it to the conformance suite (``tests/comms/test_conformance.py``) if
 it can run in one process.  :mod:`spmd.comms.backends.serial` is the smallest
 example.
 """

@@ -1,9 +1,9 @@
 """Print docs/reliability.md's table: every fault scenario under every launcher, timed.
 
 Run from the repository root: python tests/tools/fault_table.py
-It uses the same harness as tests/test_faults.py; "left behind" counts the run's
+It uses the same harness as tests/failfast/test_faults.py; "left behind" counts the run's
 processes still alive 1 s after the launcher's exit (found by the run's mark in
-/proc, then killed). The srun rows come from tests/test_slurm.py (the cluster).
+/proc, then killed). The srun rows come from tests/submit/test_slurm.py (the cluster).
 """
 
 import re
@@ -11,9 +11,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from test_faults import LAUNCHERS, TIMEOUT, _fuzz_then_go, play  # noqa: E402
+from tests.failfast.test_faults import LAUNCHERS, TIMEOUT, _fuzz_then_go, play  # noqa: E402
 
 SCENARIOS = [
     ("a rank raises before a collective", "raise", 2, {}),

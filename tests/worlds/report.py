@@ -1,4 +1,4 @@
-"""One report per job: report.py SCENARIO (see tests/test_report.py).
+"""One report per job: report.py SCENARIO (see tests/failfast/test_report.py).
 
 two-errors: every rank raises the same error but rank 1, whose error differs.
 hang: rank 1 sleeps while the others all_reduce (run it with a short SPMD_TIMEOUT).

