@@ -19,6 +19,7 @@ import numpy as np
 
 from spmd.comms.arrays import is_tensor
 from spmd.errors import BenchArgumentError
+from spmd.util.bandwidth import bus_factor
 
 __all__ = [
     "COLLECTIVES",
@@ -50,16 +51,8 @@ ROOT = 0
 EQUAL_FORM = ("scatter", "gather", "all_gather", "all_to_all")
 
 
-def _busbw_factor(collective, n):
-    if collective.startswith("all_reduce"):
-        return 2 * (n - 1) / n
-    if collective in ("broadcast", "reduce", "pingpong", "sendrecv"):
-        return 1.0
-    return (n - 1) / n
-
-
-#: busbw = algbw * BUSBW(collective, ranks), as nccl-tests computes it.
-BUSBW = _busbw_factor
+#: busbw = algbw * BUSBW(collective, ranks), as nccl-tests computes it (the trace's table too).
+BUSBW = bus_factor
 
 
 @dataclass(frozen=True)

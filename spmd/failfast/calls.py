@@ -16,6 +16,7 @@ import sys
 import time
 
 from spmd.errors import CollectiveError, CollectiveTimeout, CommunicationError, PeerLostError
+from spmd.util.bandwidth import BUS_FACTORS, bus_factor
 from spmd.util.paths import is_spmd_file
 
 __all__ = ["Monitor", "fingerprint_mismatch", "summarize", "chrome_trace", "BUS_FACTORS"]
@@ -25,15 +26,6 @@ __all__ = ["Monitor", "fingerprint_mismatch", "summarize", "chrome_trace", "BUS_
 _SAME_SHAPE = {"broadcast", "reduce", "all_reduce"}
 _SAME_TRAILING = {"gather", "all_gather"}
 
-# nccl-tests' bus bandwidth factors (PERFORMANCE.md), as functions of size n.
-BUS_FACTORS = {
-    "all_reduce": lambda n: 2 * (n - 1) / n,
-    "all_gather": lambda n: (n - 1) / n,
-    "gather": lambda n: (n - 1) / n,
-    "scatter": lambda n: (n - 1) / n,
-    "broadcast": lambda n: 1.0,
-    "reduce": lambda n: 1.0,
-}
 
 
 def _nbytes(x):
@@ -272,7 +264,7 @@ def summarize(events, size):
     rows = []
     for name, (count, nbytes, seconds) in sorted(by_op.items()):
         algbw = nbytes / seconds if seconds > 0 else 0.0
-        factor = BUS_FACTORS.get(name, lambda n: 1.0)(size) if size > 1 else 1.0
+        factor = bus_factor(name, size) if size > 1 else 1.0
         rows.append((name, count, nbytes, seconds, algbw, algbw * factor))
     return rows
 
