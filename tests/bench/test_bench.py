@@ -110,7 +110,7 @@ def test_raw_coalescing_groups_by_dtype_and_copies_back():
     import numpy as np
     import torch
 
-    from spmd.bench.cases import _coalesced
+    from spmd.bench.builders import coalesced as _coalesced
 
     calls = []
 
