@@ -15,9 +15,9 @@ launch, and reports the median of each:
 minus the moment the launcher was started: every rank runs JOB through a
 small wrapper that stamps that moment into a file of its own.  "wall" is
 the launcher's exit, "cpu" the user and system seconds of the launcher
-and everything it started.  The targets of issue 15 part 4: preload's
-first collective within 2x the empty script's wall, and preload's wall at
-most half of mpirun's.
+and everything it started.  The targets: preload's first collective
+within 2x the empty script's wall, and preload's wall at most half of
+mpirun's.
 
 kept's server is warmed by one untimed launch before the first repeat, in
 a directory of the benchmark's own (XDG_RUNTIME_DIR), and stopped at the

@@ -1,6 +1,11 @@
 """The global ``comm``: a stand-in that starts the runtime on first use."""
 
+from typing import TYPE_CHECKING
+
 from spmd.runtime.start import init, initialized, on_finalize
+
+if TYPE_CHECKING:
+    from spmd.comms.base import Comm
 
 __all__ = ["comm"]
 
@@ -30,5 +35,11 @@ class _GlobalComm:
         return repr(init())
 
 
-comm = _GlobalComm()
-on_finalize(comm._forget)
+_stand_in = _GlobalComm()
+on_finalize(_stand_in._forget)
+
+if TYPE_CHECKING:
+    #: The process-wide communicator (typed as what it forwards to).
+    comm: Comm
+else:
+    comm = _stand_in

@@ -12,7 +12,7 @@ import os
 import runpy
 import sys
 
-from spmd.failfast.abort import PEER_GRACE, abort_job, report_failure  # noqa: F401 (PEER_GRACE: as before)
+from spmd.failfast.abort import abort_job, report_failure
 from spmd.failfast.abort import who as _who
 from spmd.runtime.output import whole_lines
 from spmd.config.settings import parse_preempt_signal

@@ -7,19 +7,29 @@ that watch it (the hub, the MPI timeout).  What an abort needs to know of
 the running communicator is registered with spmd.failfast.abort.
 """
 
+from __future__ import annotations
+
 import atexit
 import os
+import signal
 import sys
 import threading
 import time
+from datetime import timedelta
+from typing import TYPE_CHECKING, Callable, TypeVar
 
 from spmd.failfast import abort
 from spmd.runtime import backends
 from spmd.runtime import output
-from spmd.failfast.abort import ABORT_GRACE, abort_job  # noqa: F401 (also spmd.runtime.start's, as before)
+from spmd.failfast.abort import abort_job
 from spmd.errors import BackendError, SettingsError
 from spmd.config.placement import check_mpi_vendor, check_mpi_world, detect
 from spmd.config.settings import DEFAULT_TIMEOUT, Settings, parse_timeout
+
+if TYPE_CHECKING:
+    from spmd.comms.base import Comm
+
+_F = TypeVar("_F", bound=Callable[[], object])
 
 __all__ = ["init", "finalize", "initialized", "on_finalize", "abort_job", "DEFAULT_TIMEOUT"]
 
@@ -54,12 +64,12 @@ def _init_mpi_within(MPI, placement, seconds):
             f"not all {placement.size} ranks started (see the launcher's output), "
             "or raise SPMD_TIMEOUT\n"
         ).encode())
-        os.kill(parent, 9)
+        os.kill(parent, signal.SIGKILL)
         os._exit(0)
     try:
         MPI.Init_thread(MPI.THREAD_MULTIPLE)
     finally:
-        os.kill(child, 9)
+        os.kill(child, signal.SIGKILL)
         os.waitpid(child, 0)
 
 
@@ -257,7 +267,8 @@ def _torch_has_mpi():
     return dist.is_mpi_available()
 
 
-def init(backend=None, timeout=None, debug=None, trace=None, torch_group=None):
+def init(backend: str | None = None, timeout: float | timedelta | None = None, debug: bool | None = None,
+         trace: str | bool | None = None, torch_group: bool | None = None) -> Comm:
     """Start the runtime once and return the global communicator.
 
     backend: "auto" (default), "gloo", "nccl" or "mpi"; else SPMD_BACKEND.
@@ -319,18 +330,18 @@ def _install_excepthook():
     sys.excepthook = hook
 
 
-def on_finalize(fn):
+def on_finalize(fn: _F) -> _F:
     """Call fn() at every finalize, as the communicator ends (the global comm forgets it); return fn."""
     _finalizers.append(fn)
     return fn
 
 
-def initialized():
+def initialized() -> bool:
     """Tell whether init has run (and finalize has not)."""
     return _comm is not None
 
 
-def finalize():
+def finalize() -> None:
     """End the runtime (collective): report the trace, stop the guards, close."""
     global _comm, _guards
     with _lock:

@@ -180,8 +180,96 @@ def test_no_import_cycle():
     ("spmd.failfast.abort", {"spmd.errors", "spmd.config", "spmd.config.placement", "spmd.failfast.report"}),
     ("spmd.failfast.hub", {"spmd.failfast.abort", "spmd.failfast.report"}),
     ("spmd.failfast.report", {"spmd.failfast.calls", "spmd.util", "spmd.util.paths"}),
-    ("spmd.runtime.proxy", {"spmd.runtime.start"}),
+    ("spmd.runtime.proxy", {"spmd.runtime.start", "spmd.comms", "spmd.comms.base"}),
 ])
 def test_the_runtime_reads_in_one_direction(module, allowed):
     """settings and abort know nothing of the runtime; the guards and the global comm only what they use."""
     assert graph()[module] <= allowed
+
+
+# -- layers: a subpackage imports only from its own floor or below ------------------------
+
+#: docs/architecture.md draws these floors; the top-level public modules stand above all.
+FLOORS = {
+    "errors": 0, "util": 1, "config": 2, "failfast": 3, "comms": 4, "runtime": 5,
+    "launch": 6, "submit": 6, "pipeline": 7, "train": 7, "bench": 8, "cli": 9,
+}
+TOP = 10  # spmd/__init__.py, __main__.py and the public re-exports (spmd.tasks, spmd.preempt, ...)
+
+
+def floor(module):
+    parts = module.split(".")
+    return FLOORS.get(parts[1], TOP) if len(parts) > 1 else TOP
+
+
+def room(module):
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in FLOORS else None
+
+
+def test_every_subpackage_is_on_a_floor():
+    rooms = {p.name for p in ROOT.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    assert rooms <= set(FLOORS), f"subpackages without a floor in FLOORS: {sorted(rooms - set(FLOORS))}"
+
+
+def test_imports_point_down_or_stay_in_their_subpackage():
+    edges = graph()
+    up = sorted(f"{a} -> {b}" for a, targets in edges.items() for b in targets
+                if floor(b) > floor(a) or (floor(b) == floor(a) < TOP and room(a) != room(b)))
+    assert not up, "imports that point up a floor or across one (FLOORS above):\n" + "\n".join(up)
+
+
+def test_the_layer_check_sees_an_upward_import():
+    edges = {"spmd.comms.base": {"spmd.pipeline.run"}, "spmd.launch.x": {"spmd.submit.y"}}
+    assert floor("spmd.comms.base") < floor("spmd.pipeline.run")
+    assert room("spmd.launch.x") != room("spmd.submit.y") and floor("spmd.launch.x") == floor("spmd.submit.y")
+    assert all(floor(b) >= floor(a) for a, bs in edges.items() for b in bs)
+
+
+# -- no private names across subpackages ---------------------------------------------------
+
+def private_imports(root=ROOT):
+    """Yield (module, line, imported) for each underscore name imported from another subpackage."""
+    known = modules(root)
+    for name, path in known.items():
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            if node.level:
+                base = _package(name, path).split(".")
+                base = base[: len(base) - (node.level - 1)]
+                source = ".".join(base + ([node.module] if node.module else []))
+            else:
+                source = node.module or ""
+            if not source.startswith("spmd"):
+                continue
+            for alias in node.names:
+                target = f"{source}.{alias.name}"
+                where = target if target in known else source
+                private = alias.name.startswith("_") and not alias.name.startswith("__")
+                private = private or any(p.startswith("_") and not p.startswith("__")
+                                         for p in source.split("."))
+                if private and room(where) != room(name):
+                    yield name, node.lineno, f"{source}.{alias.name}"
+
+
+def test_no_module_imports_another_subpackages_private_names():
+    found = [f"{m}:{line} imports {what}" for m, line, what in private_imports()]
+    assert not found, "private names imported across subpackages (make them public or move them):\n" + "\n".join(found)
+
+
+def test_the_private_import_check_sees_one(tmp_path):
+    for name, text in {"__init__.py": "", "a/__init__.py": "", "a/x.py": "_hidden = 1\n",
+                       "b/__init__.py": "", "b/y.py": "from spmd.a.x import _hidden\nfrom ..a import x\n",
+                       "a/z.py": "from .x import _hidden\n"}.items():
+        (tmp_path / "spmd" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "spmd" / name).write_text(text)
+    global FLOORS
+    saved = FLOORS
+    FLOORS = {"a": 1, "b": 2}
+    try:
+        found = list(private_imports(tmp_path / "spmd"))
+    finally:
+        FLOORS = saved
+    assert found == [("spmd.b.y", 1, "spmd.a.x._hidden")]
