@@ -1,11 +1,17 @@
 """Checkpoints: written atomically by the root, read by the root and broadcast to every rank."""
 
+from __future__ import annotations
+
 import os
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from spmd.util.atomic import atomic_write
 from spmd.errors import CheckpointError
+
+if TYPE_CHECKING:
+    from spmd.comms.base import Comm
 
 __all__ = ["atomic_save", "save_checkpoint", "load_checkpoint"]
 
@@ -18,7 +24,7 @@ def _comm(comm):
     return world
 
 
-def atomic_save(obj, path):
+def atomic_save(obj: Any, path: str | os.PathLike[str]) -> str:
     """torch.save obj to path so that path is always either the old file or the new one.
 
     Writes a temporary file in the same directory, fsyncs it, renames
@@ -31,7 +37,8 @@ def atomic_save(obj, path):
     return path
 
 
-def save_checkpoint(obj, path, comm=None, root=0):
+def save_checkpoint(obj: Any, path: str | os.PathLike[str], comm: Comm | None = None,
+                    root: int = 0) -> str | None:
     """On root, atomic_save obj to path and return path; elsewhere return None."""
     comm = _comm(comm)
     if comm.rank != root:
@@ -39,7 +46,8 @@ def save_checkpoint(obj, path, comm=None, root=0):
     return atomic_save(obj, path)
 
 
-def load_checkpoint(path, comm=None, root=0, weights_only=True):
+def load_checkpoint(path: str | os.PathLike[str], comm: Comm | None = None, root: int = 0,
+                    weights_only: bool = True) -> Any:
     """Read the checkpoint at path on root and return it on every rank.
 
     Only root touches the file.  If root cannot read it, root raises
