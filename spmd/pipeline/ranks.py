@@ -1,192 +1,242 @@
 """Every rank's side of a pipeline run: agree on the modes, run the rounds, finish together.
 
-:class:`Ranks` is one rank's run: it tells every other what it has (a
-copy of a shared source, crc32c, memory) and they all decide the same
-read mode, checksum and balance (:meth:`Ranks.agree`); then, round after
-round, it reads ahead (:class:`spmd.pipeline.rounds.Reader`), applies fn, writes
-its rows or sends them to root, and exchanges a Status with every rank,
-so that a failure anywhere is raised alike everywhere
-(:func:`check_statuses`); at the end every rank syncs and closes its
-rows before root puts the output in place.
+:class:`Ranks` is one rank's run: every rank reports what it has and
+they all decide the same read mode, checksum and balance
+(:meth:`Ranks.agree`, :mod:`spmd.pipeline.agree`); then each round goes
+through named steps (:meth:`Ranks.one_round`): read ahead, get this
+rank's rows, apply fn, write them or send them to root, exchange a
+Status with every rank so that a failure anywhere is raised alike
+everywhere (:func:`check_statuses`), root's checks, the tally, the
+balance and a preemption. At the end every rank syncs and closes its
+rows before root puts the output in place. Root's books are
+:class:`spmd.pipeline.root.Root`'s, asked for through its methods.
 """
 
-import pickle
+from __future__ import annotations
+
 import socket
 import time
 
 import numpy as np
 
-from spmd.pipeline import checksum
-from spmd.runtime import preempt
-from spmd.pipeline.balance import Planner, free_memory, parse_budget
 from spmd.errors import PipelineError, PipelinePreempted, PipelineValueError
-from spmd.pipeline.rounds import Reader, Status, Writer, apply, describe
-from spmd.pipeline.sinks import Collect, NpyFile, RowWriter
+from spmd.pipeline import agree
+from spmd.pipeline.balance import Planner
+from spmd.pipeline.plan import Span
+from spmd.pipeline.rounds import Reader, Status, apply, describe
+from spmd.pipeline.sinks import RowWriter
+from spmd.runtime import preempt
 
 __all__ = ["Ranks", "check_statuses", "raise_pending"]
 
 
-
 class Ranks:
-    """One rank's side of a pipeline run: agree on the modes, then the rounds, then the end."""
+    """One rank's side of a pipeline run: agree on the modes, then the rounds, then the end.
 
-    def __init__(self, comm, fn, root, boss, plan, lap, options):
-        self.comm, self.fn, self.root, self.boss, self.plan, self.lap = comm, fn, root, boss, plan, lap
-        self.read, self.write, self.balance, self.memory, self.verify, self.overlap = options
+    books is root's :class:`spmd.pipeline.root.Root` on root and None
+    elsewhere; root is root's rank.
+    """
+
+    def __init__(self, comm, fn, root, books, plan, lap, options):
+        self.comm, self.fn, self.root, self.books, self.plan, self.lap = comm, fn, root, books, plan, lap
+        self.options = options
+        self.verify, self.overlap = options.verify, options.overlap
         self.rank, self.size = comm.rank, comm.size
-        self.src = boss.src if boss else None
+        self.src = books.src if books else None
         self.reader = self.rows_writer = None
         self.read_mode, self.write_mode, self.notes = "root", None, []
         self.layout = None
         self.rank_rows, self.rank_secs, self.rank_busy = [0] * self.size, [0.0] * self.size, [0.0] * self.size
         self.rounds = 0
         self.empty = None
+        self.mark = 0.0
 
     # -- before the first round --
 
     def agree(self):
         """Tell every rank what this one has (a copy of the source, crc32c, memory); decide the modes."""
-        comm, plan = self.comm, self.plan
-        report = {"host": socket.gethostname(), "crc32c": checksum.has_crc32c(), "error": None,
-                  "read": None, "free": None, "budget": None}
-        try:
-            if self.memory is not None:
-                report["budget"] = parse_budget(self.memory, self.rank)
-            elif self.balance == "memory":
-                report["free"] = free_memory()
-        except Exception as exc:
-            report["error"] = describe(exc)
-        if plan["shared"] is not None and self.rank != self.root:
-            try:
-                src = pickle.loads(plan["shared"])
-                here = (tuple(src.shape), str(np.dtype(src.dtype)))
-                if here != (plan["shape"], plan["dtype"]):
-                    raise PipelineValueError(f"it holds {here[1]} rows of shape {here[0]} here, but "
-                                             f"{plan['dtype']} rows of shape {plan['shape']} on root")
-                self.src = src
-            except Exception as exc:
-                report["read"] = f"{report['host']}: {describe(exc)}"
-        reports = comm.all_gather_object(report)
-        for r, x in enumerate(reports):
-            if x["error"]:
-                raise PipelineError(f"pipeline: on rank {r}: {x['error']}")
-        self._read_mode(reports)
-        self._checksum(reports)
-        hosts = [x["host"] for x in reports]
-        budgets = [x["budget"] if x["budget"] is not None
-                   else None if x["free"] is None else x["free"] // hosts.count(x["host"]) for x in reports]
-        self.budgets = budgets if any(b is not None for b in budgets) else None
-        self.planner = Planner(self.balance, self.size, plan["chunk"], plan["in_row_bytes"], self.budgets)
+        mine, src = agree.report(self.plan, self.options, self.rank, self.root)
+        if src is not None:
+            self.src = src
+        reports = self.comm.all_gather_object(mine)
+        agree.raise_errors(reports)
+        self.read_mode, note = agree.read_mode(self.plan, self.options.read, reports)
+        if note:
+            self.notes.append(note)
+        self.crc = agree.checksum_of(self.plan, reports)
+        self.budgets = agree.budgets(reports)
+        self.planner = Planner(self.options.balance, self.size, self.plan.chunk, self.plan.in_row_bytes,
+                               self.budgets)
         reading = self.read_mode == "parallel" or self.rank == self.root
         self.reader = Reader(self.src.read, self.overlap) if reading else None
 
-    def _read_mode(self, reports):
-        cannot = [(r, x["read"]) for r, x in enumerate(reports) if x["read"]]
-        if self.plan["shared"] is not None and not cannot:
-            self.read_mode = "parallel"
-            return
-        if self.plan["shared"] is None:
-            why = self.plan["why_root"]
-        else:
-            why = f"rank {cannot[0][0]} cannot open the source ({cannot[0][1]})"
-        if self.read == "parallel":
-            raise PipelineError(f"pipeline: read='parallel' is impossible: {why}; sources every rank can read "
-                                "say every_rank = True (.npy files and shard folders on a file system all "
-                                "ranks see, synthetic tables); or pass read='auto'")
-        if self.read == "auto" and self.size > 1:
-            self.notes.append(f"root reads and scatters: {why}")
+    # -- the rounds --
 
-    def _checksum(self, reports):
-        kind = self.plan["checksum"]
-        lacking = [r for r, x in enumerate(reports) if not x["crc32c"]]
-        if kind == "crc32c" and lacking:
-            if self.plan["forced"]:
-                raise PipelineError(f"pipeline: checksums are crc32c (SPMD_CHECKSUM or the journal) but ranks "
-                                    f"{', '.join(map(str, lacking))} lack the crc32c package: pip install "
-                                    "crc32c where they run")
-            kind = "crc32"
-        self.crc = checksum.get(kind)
+    def rounds_loop(self):
+        """Run the rounds from the plan's first unfinished row to the last (or until preempted)."""
+        span = self.first_round()
+        while span is not None:
+            span = self.one_round(span)  # its blocks go before the next round's come: two rounds in memory
 
-    # -- a round --
+    def first_round(self):
+        """Take a resumed output's layout; plan the first round, ask for its rows; None if no row is left."""
+        plan = self.plan
+        if plan.positional and plan.layout is not None:  # a resumed output: its layout is known
+            dtype, row_shape = np.dtype(plan.layout[0]), tuple(plan.layout[1])
+            self.empty = np.empty((0,) + row_shape, dtype)
+            self.start_writing(dtype, row_shape, plan.start)
+        if plan.start >= plan.rows and not (plan.rows == 0 and plan.start == 0):
+            return None
+        span = Span.at(plan.start, self.planner.plan(plan.rows - plan.start))
+        self.request(span)
+        self.mark = time.perf_counter()
+        return span
 
-    def request(self, a, shares):
-        """Ask for this rank's rows of the round starting at row a (read ahead with overlap)."""
+    def one_round(self, span):
+        """One round in its steps; return the next round's span, or None after the last."""
+        nxt = self.read_ahead(span)
+        out, statuses = self.process(span)
+        self.learn_layout(span, statuses, out)
+        got = self.gather(span, out)
+        if self.books:
+            self.books.finish_round(span, statuses, got, self.crc, self.read_mode == "root")
+        self.tally(statuses)
+        self.stop_if_preempted(span, statuses)
+        return nxt
+
+    def read_ahead(self, span):
+        """Plan the next round and ask for its rows, read while fn works on this one; None after the last."""
+        rows = self.plan.rows
+        if span.stop >= rows:
+            return None
+        nxt = Span.at(span.stop, self.planner.plan(rows - span.stop))
+        self.request(nxt)
+        return nxt
+
+    def request(self, span):
+        """Ask for this rank's rows of span (all of them where root reads them or verifies)."""
         if self.reader is None:
             return
-        b = a + sum(shares)
         if self.read_mode == "root" or self.verify and self.rank == self.root:
-            self.reader.request(a, b)
+            self.reader.request(span.start, span.stop)
         else:
-            off = sum(shares[: self.rank])
-            self.reader.request(a + off, a + off + shares[self.rank])
+            self.reader.request(*span.rows_of(self.rank))
 
-    def _no_rows(self):
-        return np.empty((0,) + tuple(self.plan["shape"][1:]), np.dtype(self.plan["dtype"]))
+    def process(self, span):
+        """Get this rank's rows, apply fn, write its rows (write 'parallel'), exchange Statuses.
 
-    def obtain(self, a, shares):
-        """Return (this rank's block, an error reading it, seconds reading) for the round at row a."""
-        b, boss, lap = a + sum(shares), self.boss, self.lap
-        whole = self.read_mode == "root" or self.verify and boss is not None
+        Returns (fn's output or None, every rank's Status); raises alike
+        on every rank if anything failed anywhere.
+        """
+        t0 = time.perf_counter()
+        part, error = self.obtain(span)
+        # waiting for root's scatter is root's time, not this rank's
+        waited = time.perf_counter() - t0 if self.read_mode == "root" and not self.books else 0.0
+        if error is None:
+            out, fail, in_crc, out_crc, secs = apply(self.fn, part, self.crc)
+            error = fail and ("fn", fail)
+        else:
+            out, in_crc, out_crc, secs = None, 0, 0, 0.0
+        if error is None and self.write_mode == "parallel":
+            error = self.write_own(span, out)
+        # busy: this rank's time since the last exchange of statuses, everything it did on its own
+        # (its share of reading, fn, writing, root's gathering and checks): the speed balance's measure
+        busy = time.perf_counter() - self.mark - waited
+        mine = self.status(out, error, in_crc, out_crc, secs, busy, span.shares[self.rank])
+        statuses = self.comm.all_gather_object(mine)
+        self.mark = time.perf_counter()
+        if self.books:
+            self.lap("process")
+        check_statuses(statuses, span.start, span.stop, self.size, self.root)
+        return out, statuses
+
+    def obtain(self, span):
+        """Return (this rank's block, an error reading it or None) for the round span."""
         if self.read_mode == "parallel":
-            done = self.reader.take()
-            if boss:
-                lap("load")
-            if done.error:
-                return self._no_rows(), ("read", done.error), done.seconds
-            block = done.value
-            want = (b - a) if whole else shares[self.rank]
-            if block.shape[0] != want or tuple(block.shape[1:]) != self.plan["shape"][1:]:
-                return self._no_rows(), ("read", f"reading rows {a} to {b} gave shape {block.shape}"), done.seconds
-            if not whole:
-                return block, None, done.seconds
-            off = sum(shares[: self.rank])
-            boss.kept = block.copy() if self.verify else None
-            return block[off : off + shares[self.rank]], None, done.seconds
-        parts, seconds = None, 0.0
-        if boss:
-            done = self.reader.take()
-            lap("load")
-            seconds = done.seconds
-            block = done.value
-            if done.error:
-                boss.pending = boss.pending or done.error
-            elif block.shape[0] != b - a or tuple(block.shape[1:]) != self.plan["shape"][1:]:
-                boss.pending = boss.pending or f"reading rows {a} to {b} gave shape {block.shape}"
-            elif boss.pending is None:
-                parts = np.split(block, np.cumsum(shares)[:-1])
-                boss.sent = [self.crc.of(p) for p in parts]
-                # fn may change its block in place; verify needs the rows as read
-                boss.kept = block.copy() if self.verify else None
-                lap("check")
-        raise_pending(self.comm.broadcast_object(boss and boss.pending, self.root), self.root)
-        part = self.comm.scatter(parts, self.root)
-        if boss:
-            lap("scatter")
-        return part, None, seconds
+            return self.read_own(span)
+        return self.receive(span), None
 
-    def write_own(self, a, shares, out):
-        """Write this rank's output rows at their offsets; return (error, seconds)."""
-        t = time.perf_counter()
+    def read_own(self, span):
+        """read 'parallel': take this rank's rows from the reader (root takes all of them to verify)."""
+        done = self.reader.take()
+        books = self.books
+        if books:
+            self.lap("load")
+        a, b = span.start, span.stop
+        if done.error:
+            return self.plan.no_rows(), ("read", done.error)
+        block = done.value
+        whole = self.verify and books is not None
+        want = span.rows if whole else span.shares[self.rank]
+        if block.shape[0] != want or tuple(block.shape[1:]) != self.plan.row_shape:
+            return self.plan.no_rows(), ("read", f"reading rows {a} to {b} gave shape {block.shape}")
+        if not whole:
+            return block, None
+        books.keep(block)
+        off = span.offset(self.rank)
+        return block[off : off + span.shares[self.rank]], None
+
+    def receive(self, span):
+        """read 'root': root takes the round from its reader and scatters it; return this rank's share."""
+        books, parts = self.books, None
+        if books:
+            done = self.reader.take()
+            self.lap("load")
+            block = done.value
+            if done.error:
+                books.fail(done.error)
+            elif block.shape[0] != span.rows or tuple(block.shape[1:]) != self.plan.row_shape:
+                books.fail(f"reading rows {span.start} to {span.stop} gave shape {block.shape}")
+            elif books.pending is None:
+                parts = books.share_out(block, span.shares, self.crc)
+                self.lap("check")
+        raise_pending(self.comm.broadcast_object(books.pending if books else None, self.root), self.root)
+        part = self.comm.scatter(parts, self.root)
+        if books:
+            self.lap("scatter")
+        return part
+
+    def write_own(self, span, out):
+        """Write this rank's output rows at their offsets; return an error or None."""
         try:
             dtype, row_shape = self.layout
             if out.dtype != dtype or tuple(out.shape[1:]) != row_shape:
                 raise PipelineValueError(f"fn returned {out.dtype} rows of shape {tuple(out.shape[1:])}; "
                                          f"the output holds {dtype} rows of shape {row_shape}")
-            self.rows_writer.write(a + sum(shares[: self.rank]), out)
-            if self.plan["resume"]:
+            self.rows_writer.write(span.start + span.offset(self.rank), out)
+            if self.plan.resume:
                 self.rows_writer.sync()
         except Exception as exc:
-            return ("write", f"writing rows {a} to {a + sum(shares)}: {describe(exc)}"), time.perf_counter() - t
-        return None, time.perf_counter() - t
+            return ("write", f"writing rows {span.start} to {span.stop}: {describe(exc)}")
+        return None
+
+    def status(self, out, error, in_crc, out_crc, seconds, busy, rows):
+        """This rank's Status for the round (on root with the failure it keeps, if any)."""
+        shape, dtype = (tuple(out.shape[1:]), str(out.dtype)) if out is not None else ((), "")
+        return Status(error=error, pending=self.books.news() if self.books else None, rows=rows, in_crc=in_crc,
+                      row_shape=shape, dtype=dtype, out_crc=out_crc, seconds=seconds, busy=busy,
+                      preempted=preempt.flagged())
+
+    def learn_layout(self, span, statuses, out):
+        """The output's row layout from the first round; make a .npy output then, and write this round's rows."""
+        s0 = statuses[0]
+        if self.empty is None:
+            self.empty = np.empty((0,) + tuple(s0.row_shape), np.dtype(s0.dtype))
+        if self.plan.positional and self.layout is None:
+            self.start_writing(np.dtype(s0.dtype), tuple(s0.row_shape), span.start)
+            if self.write_mode == "parallel":
+                error = self.write_own(span, out)
+                check_statuses(self.comm.all_gather_object(Status(error=error)), span.start, span.stop,
+                               self.size, self.root)
 
     def start_writing(self, dtype, row_shape, start):
         """Make the .npy output (root) and decide who writes it: every rank at its offsets, or root."""
-        comm, boss = self.comm, self.boss
-        parallel = self.write != "root" and not self.verify
+        comm, books, write = self.comm, self.books, self.options.write
+        parallel = write != "root" and not self.verify
         msg = None
-        if boss:
+        if books:
             try:
-                made = boss.start_output(dtype, row_shape, start, self.crc.name, self.plan["rows"])
+                made = books.start_output(dtype, row_shape, start, self.crc.name, self.plan.rows)
                 msg = ("ok",) + made if parallel else ("root",)
             except Exception as exc:
                 msg = ("error", describe(exc))
@@ -199,8 +249,8 @@ class Ranks:
             return
         _, where, header_bytes, row_bytes, nonce = msg
         error = None
-        if boss:
-            self.rows_writer = boss.sink.writer
+        if books:
+            self.rows_writer = books.sink.writer
         else:
             try:
                 self.rows_writer = RowWriter(where, header_bytes, row_bytes)
@@ -215,188 +265,91 @@ class Ranks:
         if not bad:
             self.write_mode = "parallel"
             return
-        if self.write == "parallel":
+        if write == "parallel":
             raise PipelineError(f"pipeline: write='parallel' is impossible: rank {bad[0][0]} cannot write "
                                 f"the output ({bad[0][1]}); pass write='auto' to have root write it")
         self.notes.append(f"root writes: rank {bad[0][0]} cannot open the output ({bad[0][1]})")
-        if not boss and self.rows_writer is not None:
+        if not books and self.rows_writer is not None:
             self.rows_writer.close(sync=False)
         self.rows_writer = None
         self.write_mode = "root"
 
-    def status(self, out, error, in_crc, out_crc, seconds, busy, rows):
-        boss = self.boss
-        pending = boss.pending if boss else None
-        if boss and pending is None and boss.writer is not None and boss.writer.error:
-            pending = boss.pending = f"writing the output: {boss.writer.error}"
-        shape, dtype = (tuple(out.shape[1:]), str(out.dtype)) if out is not None else ((), "")
-        return Status(error, pending, rows, in_crc, shape, dtype, out_crc, seconds, busy, preempt.flagged())
+    def gather(self, span, out):
+        """Gather the round's output to root unless every rank wrote its own; return root's blocks."""
+        if self.write_mode == "parallel":
+            return None
+        books = self.books
+        # into one round-sized array on root: no concatenation
+        into = np.empty((span.rows,) + self.empty.shape[1:], self.empty.dtype) if books else None
+        got = self.comm.gather(out, self.root, out=into)
+        if books:
+            self.lap("gather")
+        return got
 
-    def finish_round(self, a, b, shares, statuses, got, into=None):
-        """Root: check what came back, join the checksums, hand the round to the output; the bar."""
-        boss, crc, lap = self.boss, self.crc, self.lap
-        if boss.pending is not None:
-            return
-        try:
-            in_row = self.plan["in_row_bytes"]
-            s0 = statuses[0]
-            out_row = np.dtype(s0.dtype).itemsize * int(np.prod(s0.row_shape, dtype=np.int64))
-            round_in = round_out = 0
-            for r, s in enumerate(statuses):
-                if self.read_mode == "root" and s.in_crc != boss.sent[r]:
-                    raise PipelineError(f"rank {r} received {s.rows} rows with {crc.name} {s.in_crc:08x}, "
-                                        f"not the rows with {crc.name} {boss.sent[r]:08x} sent")
-                if got is not None:
-                    g = got[r]
-                    if g.shape[0] != s.rows or crc.of(g) != s.out_crc:
-                        raise PipelineError(f"rank {r} sent back {s.rows} rows with {crc.name} {s.out_crc:08x}, "
-                                            f"but {g.shape[0]} rows with {crc.name} {crc.of(g):08x} arrived")
-                round_in = crc.combine(round_in, s.in_crc, s.rows * in_row)
-                round_out = crc.combine(round_out, s.out_crc, s.rows * out_row)
-            boss.in_crc = crc.combine(boss.in_crc, round_in, (b - a) * in_row)
-            boss.out_crc = crc.combine(boss.out_crc, round_out, (b - a) * out_row)
-            boss.rows_out += b - a
-            lap("check")
-            if got is not None:
-                result = got[0] if len(got) == 1 else np.concatenate(got)
-                if self.verify:
-                    boss.check_serial(a, result)
-                    lap("verify")
-                boss.writer.put((a, b, result, round_in, round_out))
-                lap("write")
-            elif boss.journal is not None:  # every rank wrote and synced its rows
-                boss.journal.add(a, b, round_in, round_out)
-                lap("write")
-            if boss.bar:
-                boss.bar(b, self.plan["rows"])
-        except Exception as exc:
-            boss.pending = f"after rows {a} to {b}: {describe(exc)}"
+    def tally(self, statuses):
+        """Add every rank's rows and seconds up; tell the balance planner this round's measures."""
+        for r, s in enumerate(statuses):
+            self.rank_rows[r] += s.rows
+            self.rank_secs[r] += s.seconds
+            self.rank_busy[r] += s.busy
+        self.planner.observe([s.rows for s in statuses], [s.busy for s in statuses],
+                             self.empty.dtype.itemsize * int(np.prod(self.empty.shape[1:], dtype=np.int64)))
+        self.rounds += 1
 
-    def rounds_loop(self):
-        plan, comm, boss, lap = self.plan, self.comm, self.boss, self.lap
-        rows, pos = plan["rows"], plan["start"]
-        if plan["positional"] and plan["layout"] is not None:  # a resumed output: its layout is known
-            dtype, row_shape = np.dtype(plan["layout"][0]), tuple(plan["layout"][1])
-            self.empty = np.empty((0,) + row_shape, dtype)
-            self.start_writing(dtype, row_shape, pos)
-        if pos >= rows and not (rows == 0 and pos == 0):
-            return
-        shares = self.planner.plan(rows - pos)
-        self.request(pos, shares)
-        self.mark = time.perf_counter()
-        while True:
-            a = pos
-            b = a + sum(shares)
-            nxt = self.planner.plan(rows - b) if b < rows else None
-            if nxt is not None:
-                self.request(b, nxt)  # read ahead while fn works on this round
-            t0 = time.perf_counter()
-            part, error, _ = self.obtain(a, shares)
-            # waiting for root's scatter is root's time, not this rank's
-            waited = time.perf_counter() - t0 if self.read_mode == "root" and not boss else 0.0
-            if error is None:
-                out, fail, in_crc, out_crc, secs = apply(self.fn, part, self.crc)
-                error = fail and ("fn", fail)
-            else:
-                out, in_crc, out_crc, secs = None, 0, 0, 0.0
-            if error is None and self.write_mode == "parallel":
-                error, _ = self.write_own(a, shares, out)
-            # busy: this rank's time since the last exchange of statuses, everything it did on its own
-            # (its share of reading, fn, writing, root's gathering and checks): the speed balance's measure
-            busy = time.perf_counter() - self.mark - waited
-            st = self.status(out, error, in_crc, out_crc, secs, busy, shares[self.rank])
-            statuses = comm.all_gather_object(st)
-            self.mark = time.perf_counter()
-            if boss:
-                lap("process")
-            check_statuses(statuses, a, b, self.size, self.root)
-            s0 = statuses[0]
-            if self.empty is None:
-                self.empty = np.empty((0,) + tuple(s0.row_shape), np.dtype(s0.dtype))
-            if plan["positional"] and self.layout is None:
-                self.start_writing(np.dtype(s0.dtype), tuple(s0.row_shape), a)
-                if self.write_mode == "parallel":
-                    error, _ = self.write_own(a, shares, out)
-                    check_statuses(comm.all_gather_object(Status(error=error)), a, b, self.size, self.root)
-            got = into = None
-            if self.write_mode != "parallel":  # into one round-sized array on root: no concatenation
-                into = np.empty((b - a,) + self.empty.shape[1:], self.empty.dtype) if boss else None
-                got = comm.gather(out, self.root, out=into)
-                if boss:
-                    lap("gather")
-            if boss:
-                if boss.writer is None:  # a user's callable output runs in the main thread
-                    boss.writer = Writer(boss.write, self.overlap and isinstance(boss.sink, (NpyFile, Collect)))
-                self.finish_round(a, b, shares, statuses, got, into)
-            for r, s in enumerate(statuses):
-                self.rank_rows[r] += s.rows
-                self.rank_secs[r] += s.seconds
-                self.rank_busy[r] += s.busy
-            self.planner.observe([s.rows for s in statuses], [s.busy for s in statuses],
-                                 self.empty.dtype.itemsize * int(np.prod(self.empty.shape[1:], dtype=np.int64)))
-            self.rounds += 1
-            if plan["resume"] and any(s.preempted for s in statuses):
-                if boss:
-                    boss.writer.finish()
-                raise PipelinePreempted(
-                    f"pipeline: preempted after row {b} of {rows}; {plan['journal']} records the rounds done: "
-                    "run the same command with resume=True (--resume) to continue")
-            if nxt is None:
-                return
-            # this round's rows go before the next round's come: two rounds in memory, not three
-            part = out = got = into = None
-            pos, shares = b, nxt
+    def stop_if_preempted(self, span, statuses):
+        """A resumable run stops after a round in which any rank was told of a preemption."""
+        if self.plan.resume and any(s.preempted for s in statuses):
+            if self.books:
+                self.books.drain()
+            raise PipelinePreempted(
+                f"pipeline: preempted after row {span.stop} of {self.plan.rows}; {self.plan.journal} records "
+                "the rounds done: run the same command with resume=True (--resume) to continue")
 
     # -- after the last round --
 
     def finish(self):
         """Sync and close every rank's output rows, then root puts the output in place."""
-        comm, boss, plan = self.comm, self.boss, self.plan
+        comm, books, rows = self.comm, self.books, self.plan.rows
         error = None
-        if self.rows_writer is not None and not boss:
+        if self.rows_writer is not None and not books:
             try:
                 self.rows_writer.close()
             except Exception as exc:
                 error = ("write", f"closing the output: {describe(exc)}")
             self.rows_writer = None
-        if boss and boss.writer is not None:
-            boss.writer.finish()
-        st = self.status(None, error, 0, 0, 0.0, 0.0, 0)
-        check_statuses(comm.all_gather_object(st), plan["rows"], plan["rows"], self.size, self.root)
-        if not boss:
+        if books:
+            books.drain()
+        mine = self.status(None, error, 0, 0, 0.0, 0.0, 0)
+        check_statuses(comm.all_gather_object(mine), rows, rows, self.size, self.root)
+        if not books:
             raise_pending(comm.broadcast_object(None, self.root), self.root)
             return None
-        if boss.pending is None and boss.rows_out != plan["rows"]:
-            boss.pending = f"{plan['rows']} rows were read but {boss.rows_out} came back"
-        empty = self.empty if self.empty is not None else self._no_rows()
-        written = boss.close(boss.pending is None, empty)
-        raise_pending(comm.broadcast_object(boss.pending, self.root), self.root)
+        written = books.finish_output(self.empty if self.empty is not None else self.plan.no_rows())
+        raise_pending(comm.broadcast_object(books.pending, self.root), self.root)
         return written
 
     def abandon(self):
         """After a failure: stop the threads, leave no half-written output and no file open."""
         if self.reader is not None:
             self.reader.close()
-        if self.rows_writer is not None and not self.boss:
+        if self.rows_writer is not None and not self.books:
             try:
-                self.rows_writer.close(sync=self.plan["resume"])
+                self.rows_writer.close(sync=self.plan.resume)
             except OSError:
                 pass
-        if self.boss:
-            if self.boss.writer is not None:
-                self.boss.writer.close()
-            self.boss.sink.close(False, None)
-            if self.boss.journal is not None:
-                self.boss.journal.close()
+        if self.books:
+            self.books.abandon()
 
     def close(self):
+        """After a run: stop the reader and root's writer threads."""
         if self.reader is not None:
             self.reader.close()
-        if self.boss and self.boss.writer is not None:
-            self.boss.writer.close()
+        if self.books:
+            self.books.close()
 
 
 def raise_pending(message, root):
+    """Raise root's kept failure, if any, as every rank's PipelineError."""
     if message is not None:
         raise PipelineError(f"pipeline: on rank {root}: {message}")
 

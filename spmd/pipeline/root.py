@@ -1,15 +1,19 @@
 """Root's side of a pipeline run: the input, the output and its journal, the checksums, verify.
 
 :class:`Root` opens what only root opens (the source as given, the
-output, a resume journal: :mod:`spmd.pipeline.journal`), makes the .npy output
-once the first round tells its layout, joins every rank's checksums,
-writes gathered rounds (in :class:`spmd.pipeline.rounds.Writer`'s thread) and
-puts the output in place at the end. A failure found here is kept in
-``pending`` and travels in root's next Status, so every rank raises the
-same error (:mod:`spmd.pipeline.ranks`).
+output, a resume journal: :mod:`spmd.pipeline.journal`) and decides the
+:class:`spmd.pipeline.plan.Plan`; it makes the .npy output once the
+first round tells its layout, joins every rank's checksums, writes
+gathered rounds (in :class:`spmd.pipeline.rounds.Writer`'s thread) and
+puts the output in place at the end. A failure found here is kept
+(:meth:`Root.fail`) and travels in root's next Status, so every rank
+raises the same error (:mod:`spmd.pipeline.ranks`).
 """
 
+from __future__ import annotations
+
 import pickle
+from dataclasses import replace
 
 import numpy as np
 
@@ -17,8 +21,9 @@ from spmd.pipeline import checksum
 from spmd.errors import PipelineError, PipelineJournalError, PipelineValueError
 from spmd.pipeline.journal import Journal, differences
 from spmd.pipeline.progress import Bar
-from spmd.pipeline.rounds import as_numpy, describe
-from spmd.pipeline.sinks import open_sink, partial_path
+from spmd.pipeline.plan import Plan
+from spmd.pipeline.rounds import Writer, as_numpy, describe
+from spmd.pipeline.sinks import Collect, NpyFile, open_sink, partial_path
 from spmd.pipeline.sources import fingerprint, open_source
 
 __all__ = ["Root", "task_name", "differing_rows"]
@@ -34,16 +39,19 @@ def task_name(fn, task):
     return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
 
 
-
 class Root:
     """Root's books: the input, the output and its journal, the checksums, verify, the bar.
 
-    A failure found here is kept in ``pending`` and travels in root's
-    next Status, so every rank raises the same error.
+    A failure found here is kept in ``pending`` (:meth:`fail`) and
+    travels in root's next Status, so every rank raises the same error.
+    The rank side (:class:`spmd.pipeline.ranks.Ranks`) asks, through the
+    methods, and never writes these fields.
     """
 
-    def __init__(self, comm, fn, verify, lap):
-        self.comm, self.fn, self.verify, self.lap = comm, fn, verify, lap
+    def __init__(self, comm, fn, options, lap):
+        self.comm, self.fn, self.lap = comm, fn, lap
+        self.verify, self.overlap = options.verify, options.overlap
+        self.plan = None
         self.pending = None
         self.in_crc = self.out_crc = 0
         self.rows_out = 0
@@ -51,6 +59,7 @@ class Root:
         self.journal = None
         self.writer = None
         self.sent = None
+        self.kept = None
 
     def open(self, source, output, chunk_rows, progress, read, resume, task):
         """Open the input, the output and any journal; return the plan every rank gets."""
@@ -67,21 +76,21 @@ class Root:
                 raise PipelineValueError("resume=True needs output to be a .npy path: the journal records "
                                          "rounds written there")
             self.bar = Bar() if progress is True else progress or None
-            plan = {
-                "rows": rows, "chunk": chunk, "start": 0, "rounds_before": 0, "layout": None,
-                "positional": self.sink.positional, "resume": bool(resume),
-                "shape": tuple(src.shape), "dtype": str(np.dtype(src.dtype)),
-                "in_row_bytes": np.dtype(src.dtype).itemsize * int(np.prod(src.shape[1:], dtype=np.int64)),
-                "shared": None, "checksum": checksum.kind(), "forced": checksum.forced(),
-            }
-            plan["why_root"] = "read='root'" if read == "root" else "the source is read by root alone"
+            plan = Plan(
+                rows=rows, chunk=chunk, positional=self.sink.positional, resume=bool(resume),
+                shape=tuple(src.shape), dtype=str(np.dtype(src.dtype)),
+                in_row_bytes=np.dtype(src.dtype).itemsize * int(np.prod(src.shape[1:], dtype=np.int64)),
+                checksum=checksum.kind(), forced=checksum.forced(),
+                why_root="read='root'" if read == "root" else "the source is read by root alone",
+            )
             if read != "root" and getattr(src, "every_rank", False):
                 try:
-                    plan["shared"] = pickle.dumps(src)
+                    plan = replace(plan, shared=pickle.dumps(src))
                 except Exception as exc:  # a local class, an open handle: root reads it
-                    plan["why_root"] = f"the source does not pickle ({describe(exc)})"
+                    plan = replace(plan, why_root=f"the source does not pickle ({describe(exc)})")
             if self.sink.positional:
-                self._journal(output, resume, plan, src, task_name(self.fn, task))
+                plan = self._journal(output, resume, plan, src, task_name(self.fn, task))
+            self.plan = plan
             return ("ok", plan)
         except PipelineError as exc:  # spmd's own word on the arguments or the journal: as it is
             return ("error", str(exc), type(exc).__name__)
@@ -91,13 +100,14 @@ class Root:
             self.lap("load")
 
     def _journal(self, output, resume, plan, src, task):
+        """Start or load the journal of a positional output; return the plan, resumed where it says."""
         journal = Journal(output)
-        self.identity = {"rows": plan["rows"], "input": f"{src!r} fingerprint {fingerprint(src)}",
+        self.identity = {"rows": plan.rows, "input": f"{src!r} fingerprint {fingerprint(src)}",
                          "task": task, "output": str(output)}
         if not journal.exists():
             if resume:
                 self.journal = journal
-            return
+            return plan
         journal.load()
         part = partial_path(output)
         if not resume:
@@ -106,8 +116,8 @@ class Root:
                 f"{journal.header.get('rows')} rows) of an interrupted run: run again with resume=True "
                 f"(--resume) to continue at row {journal.done}, or delete {journal.path} and {part} to start over")
         now = dict(self.identity)
-        if plan["forced"]:  # SPMD_CHECKSUM names a kind: it must be the journal's; else spmd takes the journal's
-            now["checksum"] = plan["checksum"]
+        if plan.forced:  # SPMD_CHECKSUM names a kind: it must be the journal's; else spmd takes the journal's
+            now["checksum"] = plan.checksum
         wrong = differences(journal.header, now)
         if wrong:
             raise PipelineJournalError(
@@ -121,15 +131,16 @@ class Root:
         self.sink.reopen(*layout)
         crc = checksum.get(kind)
         self._check_written(journal, crc)
-        plan.update(start=journal.done, rounds_before=len(journal.rounds), layout=layout,
-                    checksum=kind, forced=True)
+        plan = replace(plan, start=journal.done, rounds_before=len(journal.rounds), layout=layout,
+                       checksum=kind, forced=True)
         for r in journal.rounds:
             n = r["rows"][1] - r["rows"][0]
-            self.in_crc = crc.combine(self.in_crc, r["in"], n * plan["in_row_bytes"])
+            self.in_crc = crc.combine(self.in_crc, r["in"], n * plan.in_row_bytes)
             self.out_crc = crc.combine(self.out_crc, r["out"], n * self.sink.row_bytes)
         self.rows_out = journal.done
         journal.reopen()
         self.journal = journal
+        return plan
 
     def _check_written(self, journal, crc):
         """Check the rows the journal says are done against its checksums, round by round."""
@@ -158,6 +169,82 @@ class Root:
             self.sink.writer.write_bytes(self.sink.header_bytes + start * self.sink.row_bytes, nonce)
         return self.sink.where, self.sink.header_bytes, self.sink.row_bytes, nonce.tobytes() if room >= 8 else b""
 
+    # -- a round: what Ranks asks of root --
+
+    def fail(self, message):
+        """Keep a failure for root's next Status, unless one is kept already."""
+        if self.pending is None:
+            self.pending = message
+
+    def news(self):
+        """The failure root's next Status carries: the first kept, else the writer thread's."""
+        if self.pending is None and self.writer is not None and self.writer.error:
+            self.pending = f"writing the output: {self.writer.error}"
+        return self.pending
+
+    def keep(self, block):
+        """verify: keep the round's rows as read (fn may change its block in place)."""
+        self.kept = block.copy() if self.verify else None
+
+    def share_out(self, block, shares, crc):
+        """Cut a round root read into the ranks' shares; keep their checksums and, for verify, the rows."""
+        parts = np.split(block, np.cumsum(shares)[:-1])
+        self.sent = [crc.of(p) for p in parts]
+        self.keep(block)
+        return parts
+
+    def finish_round(self, span, statuses, got, crc, scattered):
+        """Check what came back, join the checksums, hand the round to the output; the bar.
+
+        got: the gathered blocks (None where every rank wrote its own);
+        scattered: root read and scattered the round (check what ranks
+        received against what was sent). A failure is kept (:meth:`fail`).
+        """
+        if self.writer is None:  # a user's callable output runs in the main thread
+            self.writer = Writer(self.write, self.overlap and isinstance(self.sink, (NpyFile, Collect)))
+        if self.pending is not None:
+            return
+        a, b = span.start, span.stop
+        try:
+            round_in, round_out = self._tally(a, b, statuses, got, crc, scattered)
+            self.lap("check")
+            if got is not None:
+                result = got[0] if len(got) == 1 else np.concatenate(got)
+                if self.verify:
+                    self.check_serial(a, result)
+                    self.lap("verify")
+                self.writer.put((a, b, result, round_in, round_out))
+                self.lap("write")
+            elif self.journal is not None:  # every rank wrote and synced its rows
+                self.journal.add(a, b, round_in, round_out)
+                self.lap("write")
+            if self.bar:
+                self.bar(b, self.plan.rows)
+        except Exception as exc:
+            self.pending = f"after rows {a} to {b}: {describe(exc)}"
+
+    def _tally(self, a, b, statuses, got, crc, scattered):
+        """Check every rank's checksums; join them into the round's and the run's; return the round's."""
+        in_row = self.plan.in_row_bytes
+        s0 = statuses[0]
+        out_row = np.dtype(s0.dtype).itemsize * int(np.prod(s0.row_shape, dtype=np.int64))
+        round_in = round_out = 0
+        for r, s in enumerate(statuses):
+            if scattered and s.in_crc != self.sent[r]:
+                raise PipelineError(f"rank {r} received {s.rows} rows with {crc.name} {s.in_crc:08x}, "
+                                    f"not the rows with {crc.name} {self.sent[r]:08x} sent")
+            if got is not None:
+                g = got[r]
+                if g.shape[0] != s.rows or crc.of(g) != s.out_crc:
+                    raise PipelineError(f"rank {r} sent back {s.rows} rows with {crc.name} {s.out_crc:08x}, "
+                                        f"but {g.shape[0]} rows with {crc.name} {crc.of(g):08x} arrived")
+            round_in = crc.combine(round_in, s.in_crc, s.rows * in_row)
+            round_out = crc.combine(round_out, s.out_crc, s.rows * out_row)
+        self.in_crc = crc.combine(self.in_crc, round_in, (b - a) * in_row)
+        self.out_crc = crc.combine(self.out_crc, round_out, (b - a) * out_row)
+        self.rows_out += b - a
+        return round_in, round_out
+
     def check_serial(self, a, result):
         """verify: recompute the round serially from the rows as read and count the rows that differ."""
         expect = np.ascontiguousarray(as_numpy(self.fn(self.kept)))
@@ -175,8 +262,20 @@ class Root:
             self.sink.sync()
             self.journal.add(a, b, round_in, round_out)
 
-    def close(self, ok, empty):
-        """Finish the output; return what the Result shows as output."""
+    # -- the end --
+
+    def drain(self):
+        """Wait until the writer thread has written every round handed to it."""
+        if self.writer is not None:
+            self.writer.finish()
+
+    def finish_output(self, empty):
+        """After the last round: check every row came back, finish the output; return what Result shows."""
+        if self.pending is None and self.rows_out != self.plan.rows:
+            self.pending = f"{self.plan.rows} rows were read but {self.rows_out} came back"
+        return self._close_output(self.pending is None, empty)
+
+    def _close_output(self, ok, empty):
         try:
             written = self.sink.close(ok, empty)
             if ok and self.journal is not None:
@@ -188,6 +287,19 @@ class Root:
             self.pending = f"finishing the output: {describe(exc)}"
         finally:
             self.lap("write")
+
+    def abandon(self):
+        """After a failure: stop the writer, leave no half-written output, close the journal."""
+        if self.writer is not None:
+            self.writer.close()
+        self.sink.close(False, None)
+        if self.journal is not None:
+            self.journal.close()
+
+    def close(self):
+        """After a run: stop the writer thread."""
+        if self.writer is not None:
+            self.writer.close()
 
 
 def differing_rows(got, expect):

@@ -1,74 +1,34 @@
 """Scatter, process, gather: apply a per-record function to a table on every rank.
 
-The input is cut into rounds of ``chunk_rows`` rows; each round's rows
-are shared out over the ranks (``balance``), every rank applies ``fn``
-to its block, and the results are put in row order into the output,
-checked on the way (record counts and checksums of every block, both
-ways) and optionally recomputed serially on root::
-
-    from spmd import comm
-    from spmd.pipeline.run import pipeline
-
-    def fn(block):                        # one output row per input row
-        return block * 2.0
-
-    result = pipeline(fn, "table.npy", output="doubled.npy", chunk_rows=100_000)
-    if comm.rank == 0:                    # the Result lives on root
-        print(result.summary())
-
-Run it with ``mpirun -n 8 python mine.py`` or ``spmd run -n 8 mine.py``,
-or plain python for a world of one. The input (given on root; other
-ranks may pass None) is an array, a path (.npy file, directory of .npy
-shards, .csv), a source object with ``shape``, ``dtype`` and
-``read(start, stop)`` such as :class:`SyntheticTable`, or a callable
-returning one of these, called on root only.
-
-How rows move (the Result and ``summary()`` say which was used):
-
-read
-    ``"parallel"``: every rank reads its own rows from its own copy of
-    the source, for sources that say every rank can read them
-    (``every_rank = True``: .npy files and shard folders on a shared
-    file system, synthetic tables) and open on every rank. ``"root"``:
-    root reads each round and scatters it (an array in root's memory, a
-    .csv file, a callable's object). ``"auto"`` (default): parallel
-    where it works, else root.
-write
-    For a .npy output, ``"parallel"``: every rank writes its rows at
-    their offsets in the output file, when every rank can open the file
-    root made; ``"root"``: results are gathered to root, which writes
-    them. ``"auto"``: parallel where it works. Other outputs (None: an
-    array returned on root; a callable(start_row, block)) are gathered.
-overlap
-    Reading the next round and root's writing of the last one run in
-    threads beside fn (default True); at most two rounds are in memory.
-balance
-    ``"even"``, ``"memory"`` or ``"speed"`` (:mod:`spmd.pipeline.balance`);
-    ``memory=`` gives each rank's budget (bytes, "512M", or one per rank
-    "2G,512M").
-resume
-    With a .npy output, keep a journal (``<output>.journal``) and the
-    unfinished output (``<output>.partial``), so that after a crash the
-    same call with resume=True continues at the first unfinished round,
-    at any world size (:mod:`spmd.pipeline.journal`). Without resume an existing
-    journal is an error that says what to do.
-
-Every mode writes the same bytes. For an output that is bitwise
-identical at every world size, chunking and balance, ``fn`` must compute
-each row independently of how rows are batched;
-:func:`spmd.tasks.fixed_batches` makes that easy.
-
-This module does not import torch; ``fn`` may return tensors.
+:func:`pipeline` cuts the input into rounds of ``chunk_rows`` rows,
+shares each round out over the ranks, applies ``fn`` to every rank's
+block and puts the results in row order into the output, checked on
+the way; :func:`on_root` runs a step on root alone and raises its
+failure everywhere. Root decides the :class:`spmd.pipeline.plan.Plan`
+(:mod:`spmd.pipeline.root`), every rank runs the rounds
+(:mod:`spmd.pipeline.ranks`). docs/pipeline.md says what the inputs,
+outputs and the read, write, overlap, balance and resume modes are, with
+an example. This module does not import torch; ``fn`` may return tensors.
 """
 
-from spmd.pipeline.balance import MODES as BALANCES
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Callable, Optional, Union
+
 from spmd.errors import PipelineError, PipelineJournalError, PipelineTypeError, PipelineValueError
+from spmd.pipeline.balance import MODES as BALANCES
 from spmd.pipeline.journal import journal_path
+from spmd.pipeline.plan import Options
 from spmd.pipeline.progress import PHASES, Laps, Result
 from spmd.pipeline.ranks import Ranks
 from spmd.pipeline.root import Root
 from spmd.pipeline.rounds import describe
 from spmd.pipeline.sources import ArraySource, CsvSource, NpySource, ShardSource, SyntheticTable, open_source
+
+if TYPE_CHECKING:
+    from spmd import Comm
 
 __all__ = [
     "pipeline",
@@ -100,7 +60,7 @@ def _comm(comm):
     return world
 
 
-def on_root(work, *, comm=None, root=0, share=False):
+def on_root(work: Callable[[], Any], *, comm: Optional[Comm] = None, root: int = 0, share: bool = False) -> Any:
     """Run ``work()`` on root alone and raise the same error everywhere if it fails.
 
     Returns work()'s value on root and None elsewhere, or root's value on
@@ -126,8 +86,11 @@ def _choice(name, value, allowed):
         raise PipelineValueError(f"{name}={value!r}: expected one of {', '.join(map(repr, allowed))}")
 
 
-def pipeline(fn, source, *, output=None, chunk_rows=None, verify=False, progress=None, comm=None, root=0,
-             read="auto", write="auto", balance="even", memory=None, resume=False, task=None, overlap=True):
+def pipeline(fn: Callable[[Any], Any], source: Any, *, output: Any = None, chunk_rows: Optional[int] = None,
+             verify: bool = False, progress: Union[bool, Callable[[int, int], Any], None] = None,
+             comm: Optional[Comm] = None, root: int = 0, read: str = "auto", write: str = "auto",
+             balance: str = "even", memory: Any = None, resume: bool = False, task: Optional[str] = None,
+             overlap: bool = True) -> Optional[Result]:
     """Share the rows of source over the ranks, apply fn on every rank, put the results in output.
 
     fn(block) -> array with one row per row of block (a numpy array or a
@@ -141,8 +104,8 @@ def pipeline(fn, source, *, output=None, chunk_rows=None, verify=False, progress
     chunk_rows: rows per round (default: all at once). verify: recompute
     each round serially on root and compare bitwise (results then go to
     root). progress: True for a bar on stderr, or a callable(done_rows,
-    total_rows). read, write, overlap, balance, memory, resume: see the
-    module's docstring. task: what a resume journal records as the task
+    total_rows). read, write, overlap, balance, memory, resume: see
+    docs/pipeline.md. task: what a resume journal records as the task
     (default: fn's ``spmd_task``, set by spmd.tasks.build, else its name).
 
     Returns a :class:`Result` on root and None on other ranks. Raises
@@ -152,14 +115,15 @@ def pipeline(fn, source, *, output=None, chunk_rows=None, verify=False, progress
     _choice("read", read, READS)
     _choice("write", write, WRITES)
     _choice("balance", balance, BALANCES)
+    options = Options(read=read, write=write, balance=balance, memory=memory, verify=verify, overlap=overlap)
     lap = Laps()
-    boss = Root(comm, fn, verify, lap) if comm.rank == root else None
-    plan = comm.broadcast_object(boss and boss.open(source, output, chunk_rows, progress, read, resume, task), root)
-    if plan[0] != "ok":
-        raise _ERRORS[plan[2]](f"pipeline: on rank {root}: {plan[1]}")
-    plan = plan[1]
-    plan["journal"] = journal_path(output) if plan["positional"] else None
-    run = Ranks(comm, fn, root, boss, plan, lap, (read, write, balance, memory, verify, overlap))
+    books = Root(comm, fn, options, lap) if comm.rank == root else None
+    reply = comm.broadcast_object(books and books.open(source, output, chunk_rows, progress, read, resume, task),
+                                  root)
+    if reply[0] != "ok":
+        raise _ERRORS[reply[2]](f"pipeline: on rank {root}: {reply[1]}")
+    plan = replace(reply[1], journal=journal_path(output) if reply[1].positional else None)
+    run = Ranks(comm, fn, root, books, plan, lap, options)
     try:
         run.agree()
         run.rounds_loop()
@@ -168,34 +132,39 @@ def pipeline(fn, source, *, output=None, chunk_rows=None, verify=False, progress
         run.abandon()
         raise
     run.close()
-    if not boss:
+    if not books:
         return None
+    return _result(comm, plan, options, books, run, lap, written, output)
+
+
+def _result(comm, plan, options, books, run, lap, written, output):
+    """Root's Result of a finished run."""
     return Result(
-        rows=plan["rows"],
-        rows_out=boss.rows_out,
+        rows=plan.rows,
+        rows_out=books.rows_out,
         ranks=comm.size,
         backend=comm.backend,
         rounds=run.rounds,
-        chunk_rows=plan["chunk"],
+        chunk_rows=plan.chunk,
         row_shape=tuple(run.empty.shape[1:]) if run.empty is not None else (),
         dtype=str(run.empty.dtype) if run.empty is not None else "",
         timings=lap.timings(),
         total_s=lap.total(),
-        checksum=boss.out_crc,
-        input_checksum=boss.in_crc,
+        checksum=books.out_crc,
+        input_checksum=books.in_crc,
         rows_per_rank=run.rank_rows,
         process_per_rank=run.rank_secs,
         busy_per_rank=run.rank_busy,
         output=written,
-        verified=(boss.mismatched == 0) if verify else None,
-        mismatched_rows=boss.mismatched,
-        first_mismatch=boss.first_bad,
+        verified=(books.mismatched == 0) if options.verify else None,
+        mismatched_rows=books.mismatched,
+        first_mismatch=books.first_bad,
         checksum_kind=run.crc.name,
         read_mode=run.read_mode,
         write_mode=run.write_mode or ("memory" if output is None else "callable"),
-        balance=balance,
-        overlap=bool(overlap),
-        resumed_rows=plan["start"],
-        resumed_rounds=plan["rounds_before"],
+        balance=options.balance,
+        overlap=bool(options.overlap),
+        resumed_rows=plan.start,
+        resumed_rounds=plan.rounds_before,
         notes=tuple(run.notes),
     )
