@@ -8,7 +8,7 @@ import click
 from spmd.runtime.backends import BACKENDS
 from spmd.errors import LaunchError, RendezvousError
 from spmd.launch.supervise import launch
-from spmd.launch.forkserver import parse_modules
+from spmd.launch.forkserver.client import parse_modules
 
 __all__ = ["run"]
 

@@ -6,7 +6,7 @@ No MPI is needed: the launcher sets ``SPMD_*``, ``MASTER_ADDR`` and
 prefixes every output line with its rank, and stops the whole job as soon
 as one rank fails.  With ``preload`` the ranks are forked from one process
 that imported those modules first (spmd.launch.forkserver; with ``preload_keep`` a
-server kept across launches, spmd.launch.kept), under the same
+server kept across launches, spmd.launch.forkserver.kept), under the same
 supervision.  Only the standard library is imported here.
 """
 
@@ -20,8 +20,9 @@ import time
 
 from spmd.errors import LaunchError, RendezvousError
 from spmd.runtime.output import prefix as line_tag
-from spmd.launch.forkserver import ForkServer, death_signal
-from spmd.launch.kept import attach
+from spmd.launch.forkserver.client import ForkServer
+from spmd.launch.forkserver.kept import attach
+from spmd.launch.forkserver.process import death_signal
 from spmd.failfast.hub import PEER_EXIT
 
 __all__ = ["launch", "child_env", "STRIPPED"]
@@ -89,7 +90,7 @@ def launch(argv, nprocs, *, backend=None, prefix=None, timeout=None,
     ranks then run spmd's runner, the default runner, in-process.
     preload_keep: seconds > 0 to fork them from this user's kept server
     for these modules, environment and directory instead, started if none
-    serves and left running until idle that long (spmd.launch.kept).
+    serves and left running until idle that long (spmd.launch.forkserver.kept).
     """
     argv = list(argv)
     if not argv:

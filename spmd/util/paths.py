@@ -15,8 +15,8 @@ PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: ``python -m RUNNER script.py``: every rank's entry point (spmd.runtime.runner).
 RUNNER = "spmd"
 #: The fork server of ``spmd run --preload`` and the one kept across launches.
-FORK_SERVER = "spmd.launch.forkserver"
-KEPT_SERVER = "spmd.launch.kept"
+FORK_SERVER = "spmd.launch.forkserver.server"
+KEPT_SERVER = "spmd.launch.forkserver.keptserver"
 #: The benchmark's own launches.
 BENCH = "spmd.cli.bench"
 PIPELINE_WORKER = "spmd.bench.pipeline_worker"

@@ -322,28 +322,28 @@ def test_cuda_mpi_and_threads_after_an_import_are_named(monkeypatch):
     import threading
     import types
 
-    from spmd.launch import forkserver as preload
+    from spmd.launch.forkserver import safety
 
     main = [threading.main_thread()]
-    monkeypatch.setattr(preload.threading, "enumerate", lambda: list(main))
-    assert preload._unsafe("torch") is None or "torch" in sys.modules  # a real torch: its CUDA is not up here
+    monkeypatch.setattr(safety.threading, "enumerate", lambda: list(main))
+    assert safety.unsafe("torch") is None or "torch" in sys.modules  # a real torch: its CUDA is not up here
     fake = types.SimpleNamespace(cuda=types.SimpleNamespace(is_initialized=lambda: True))
     monkeypatch.setitem(sys.modules, "torch", fake)
-    assert "importing 'mylib' initialised CUDA" in preload._unsafe("mylib")
+    assert "importing 'mylib' initialised CUDA" in safety.unsafe("mylib")
     monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace())
     monkeypatch.setitem(sys.modules, "mpi4py.MPI", types.SimpleNamespace(Is_initialized=lambda: True))
-    assert "importing 'mpi4py.MPI' initialised MPI" in preload._unsafe("mpi4py.MPI")
+    assert "importing 'mpi4py.MPI' initialised MPI" in safety.unsafe("mpi4py.MPI")
     monkeypatch.delitem(sys.modules, "mpi4py.MPI")
-    assert preload._unsafe("x") is None
+    assert safety.unsafe("x") is None
     main.append(types.SimpleNamespace(name="watcher", daemon=False))
-    assert "importing 'x' started 1 thread(s) ('watcher')" in preload._unsafe("x")
+    assert "importing 'x' started 1 thread(s) ('watcher')" in safety.unsafe("x")
 
 
 @pytest.mark.unit
 def test_module_lists_are_checked_and_the_shared_environment_leaves_out_each_ranks_own():
     from spmd.errors import LaunchError
     from spmd.launch.supervise import _shared, child_env
-    from spmd.launch.forkserver import parse_modules
+    from spmd.launch.forkserver.client import parse_modules
 
     assert parse_modules(" torch, numpy ,torch,torch.distributed") == ["torch", "numpy", "torch.distributed"]
     for bad in ("", ",", "torch,bad-name", "1x"):
@@ -398,3 +398,42 @@ def test_a_launcher_interrupted_while_the_server_imports_stops_at_once_and_ends_
     assert proc.returncode == 128 + signal.SIGINT and "spmd run: SIGINT received, stopping" in err, err
     assert time.monotonic() - began < 5
     assert wait_dead([server]) == [] and not ran.exists()
+
+
+@pytest.mark.unit
+def test_a_message_carries_its_descriptors_and_a_closed_peer_reads_as_the_end():
+    import socket
+
+    from spmd.launch.forkserver.protocol import recv, send, tell
+
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    r, w = os.pipe()
+    try:
+        send(ours, {"rank": 3, "argv": ["x.py"]}, [w])
+        send(ours, {"rank": 3, "pid": 7})
+        message, fds = recv(theirs)
+        assert message == {"rank": 3, "argv": ["x.py"]} and len(fds) == 1 and fds[0] != w
+        os.write(fds[0], b"through")
+        os.close(fds[0])
+        assert os.read(r, 16) == b"through"
+        assert recv(theirs) == ({"rank": 3, "pid": 7}, [])
+        ours.close()
+        assert recv(theirs) == (None, [])
+        tell(theirs, {"rank": 3, "exit": 0})  # nobody to tell: no error
+    finally:
+        for fd in (r, w):
+            os.close(fd)
+        theirs.close()
+
+
+@pytest.mark.unit
+def test_preloaded_names_what_a_server_recorded_and_is_empty_elsewhere():
+    from spmd.launch.forkserver import process
+
+    assert process.preloaded() == ()
+    try:
+        process.record_preloaded(["torch", "numpy"])
+        assert process.preloaded() == ("torch", "numpy")
+    finally:
+        process.record_preloaded(())
+    assert process.preloaded() == ()

@@ -19,6 +19,7 @@ import time
 import pytest
 from click.testing import CliRunner
 
+from spmd.util.paths import KEPT_SERVER
 from tests.support import clean_env
 from tests.launch.test_forkserver import SAME, alive, spmd_run, wait_dead, write
 
@@ -52,7 +53,7 @@ class Kept:
     def forked(self):
         """{pid: ppid} of the live kept servers of this test and of everything forked from them."""
         return {pid: ppid for pid, (ppid, cmd) in _cmdlines().items()
-                if "spmd.launch.kept" in cmd and self.base in cmd and alive(pid)}
+                if KEPT_SERVER in cmd and self.base in cmd and alive(pid)}
 
     def servers(self):
         """The pids of this test's live kept servers (not their sessions or ranks)."""
@@ -344,7 +345,7 @@ def _spmd():
 @pytest.mark.unit
 def test_the_key_leaves_out_the_launchs_own_variables_only():
     from spmd.launch.supervise import _shared, child_env
-    from spmd.launch.kept import server_key
+    from spmd.launch.forkserver.kept import server_key
 
     def key(port=5, size=2, base=None, modules=("torch",), cwd="/w", executable=None):
         envs = [child_env(r, size, port=port, base=base or {"HOME": "/h"}, backend="gloo") for r in range(size)]
@@ -362,7 +363,7 @@ def test_the_key_leaves_out_the_launchs_own_variables_only():
 @pytest.mark.unit
 def test_the_directory_is_made_0700_and_an_open_or_foreign_one_is_refused(tmp_path):
     from spmd.errors import LaunchError
-    from spmd.launch.kept import runtime_dir
+    from spmd.launch.forkserver.kept import runtime_dir
 
     path = runtime_dir({"XDG_RUNTIME_DIR": str(tmp_path)})
     assert path == str(tmp_path / "spmd") and stat.S_IMODE(os.stat(path).st_mode) == 0o700
@@ -386,32 +387,32 @@ def test_the_directory_is_made_0700_and_an_open_or_foreign_one_is_refused(tmp_pa
 def test_a_changed_or_removed_module_file_makes_the_snapshot_stale(tmp_path, monkeypatch):
     import importlib
 
-    from spmd.launch import kept as preload_keep
+    from spmd.launch.forkserver.kept import changed, snapshot
 
     write(tmp_path, "X = 1\n", name="snapmod_a.py")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "snapmod_a", raising=False)
     importlib.import_module("snapmod_a")
-    snap = preload_keep._snapshot()
-    assert preload_keep._changed(snap) is None
-    assert str(tmp_path / "snapmod_a.py") in snap and any(f.endswith("spmd/launch/kept.py") for f in snap)
+    snap = snapshot()
+    assert changed(snap) is None
+    assert str(tmp_path / "snapmod_a.py") in snap and any(f.endswith("spmd/launch/forkserver/kept.py") for f in snap)
     (tmp_path / "snapmod_a.py").write_text("X = 22\n")
-    assert preload_keep._changed(snap) == f"{tmp_path / 'snapmod_a.py'} changed"
+    assert changed(snap) == f"{tmp_path / 'snapmod_a.py'} changed"
     (tmp_path / "snapmod_a.py").unlink()
-    assert preload_keep._changed(snap) == f"{tmp_path / 'snapmod_a.py'} is gone"
+    assert changed(snap) == f"{tmp_path / 'snapmod_a.py'} is gone"
     sys.modules.pop("snapmod_a", None)
 
 
 @pytest.mark.unit
 def test_a_watching_server_tells_a_shut_down_writing_side_from_a_closed_peer():
-    from spmd.launch.forkserver import _hung_up
+    from spmd.launch.forkserver.protocol import hung_up
 
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    assert not _hung_up(ours, 0)
+    assert not hung_up(ours, 0)
     theirs.shutdown(socket.SHUT_WR)
-    assert not _hung_up(ours, 0.01)
+    assert not hung_up(ours, 0.01)
     theirs.close()
-    assert _hung_up(ours, 0)
+    assert hung_up(ours, 0)
     ours.close()
 
 
