@@ -4,7 +4,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-__all__ = ["PHASES", "Laps", "Bar", "Result"]
+__all__ = ["PHASES", "Laps", "Bar", "PerRank", "Result"]
 
 #: Phases timed on root, in the order they happen within a round.
 PHASES = ("load", "scatter", "process", "gather", "check", "write", "verify")
@@ -48,6 +48,20 @@ class Bar:
         if done >= total:
             self.stream.write("\n")
         self.stream.flush()
+
+
+class PerRank:
+    """Each rank's rows, fn seconds and busy seconds, added up over the rounds (from their Statuses)."""
+
+    def __init__(self, size):
+        self.rows, self.seconds, self.busy = [0] * size, [0.0] * size, [0.0] * size
+
+    def add(self, statuses):
+        """Add one round's Statuses, one per rank in rank order."""
+        for r, s in enumerate(statuses):
+            self.rows[r] += s.rows
+            self.seconds[r] += s.seconds
+            self.busy[r] += s.busy
 
 
 @dataclass

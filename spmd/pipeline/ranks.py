@@ -23,6 +23,7 @@ from spmd.errors import PipelineError, PipelinePreempted, PipelineValueError
 from spmd.pipeline import agree
 from spmd.pipeline.balance import Planner
 from spmd.pipeline.plan import Span
+from spmd.pipeline.progress import PerRank
 from spmd.pipeline.rounds import Reader, Status, apply, describe
 from spmd.pipeline.sinks import RowWriter
 from spmd.runtime import preempt
@@ -45,11 +46,9 @@ class Ranks:
         self.src = books.src if books else None
         self.reader = self.rows_writer = None
         self.read_mode, self.write_mode, self.notes = "root", None, []
-        self.layout = None
-        self.rank_rows, self.rank_secs, self.rank_busy = [0] * self.size, [0.0] * self.size, [0.0] * self.size
-        self.rounds = 0
-        self.empty = None
-        self.mark = 0.0
+        self.layout = self.empty = None  # the output's (dtype, row shape); an empty block of output rows
+        self.per_rank = PerRank(self.size)
+        self.rounds, self.mark = 0, 0.0
 
     # -- before the first round --
 
@@ -247,21 +246,8 @@ class Ranks:
         if msg[0] == "root":
             self.write_mode = "root"
             return
-        _, where, header_bytes, row_bytes, nonce = msg
-        error = None
-        if books:
-            self.rows_writer = books.sink.writer
-        else:
-            try:
-                self.rows_writer = RowWriter(where, header_bytes, row_bytes)
-                offset = header_bytes + start * row_bytes
-                if nonce and self.rows_writer.read_bytes(offset, len(nonce)) != nonce:
-                    raise PipelineError(f"{where} here is not the file rank {self.root} made "
-                                        "(no file system shared with it)")
-            except Exception as exc:
-                error = f"{socket.gethostname()}: {describe(exc)}"
-        errors = comm.all_gather_object(error)
-        bad = [(r, e) for r, e in enumerate(errors) if e]
+        self.rows_writer, error = (books.sink.writer, None) if books else open_rows(*msg[1:], start, self.root)
+        bad = [(r, e) for r, e in enumerate(comm.all_gather_object(error)) if e]
         if not bad:
             self.write_mode = "parallel"
             return
@@ -288,10 +274,7 @@ class Ranks:
 
     def tally(self, statuses):
         """Add every rank's rows and seconds up; tell the balance planner this round's measures."""
-        for r, s in enumerate(statuses):
-            self.rank_rows[r] += s.rows
-            self.rank_secs[r] += s.seconds
-            self.rank_busy[r] += s.busy
+        self.per_rank.add(statuses)
         self.planner.observe([s.rows for s in statuses], [s.busy for s in statuses],
                              self.empty.dtype.itemsize * int(np.prod(self.empty.shape[1:], dtype=np.int64)))
         self.rounds += 1
@@ -346,6 +329,18 @@ class Ranks:
             self.reader.close()
         if self.books:
             self.books.close()
+
+
+def open_rows(where, header_bytes, row_bytes, nonce, start, root):
+    """Open the .npy file root made and check it is that file (root's mark); return (writer, error)."""
+    writer = None
+    try:
+        writer = RowWriter(where, header_bytes, row_bytes)
+        if nonce and writer.read_bytes(header_bytes + start * row_bytes, len(nonce)) != nonce:
+            raise PipelineError(f"{where} here is not the file rank {root} made (no file system shared with it)")
+    except Exception as exc:
+        return writer, f"{socket.gethostname()}: {describe(exc)}"
+    return writer, None
 
 
 def raise_pending(message, root):
