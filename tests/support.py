@@ -11,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -189,3 +190,105 @@ def open_comm(backend, monitor):
     return cls("gloo", placement, timeout=60.0, monitor=monitor)
 
 
+# -- a world of threads: ranks that are threads of this process ------------------------------
+
+
+class ThreadWorld:
+    """What the ranks of a world of threads share: one mailbox per collective."""
+
+    def __init__(self, size):
+        self.size = size
+        self.cond = threading.Condition()
+        self.boxes = {}  # collective number -> objects in rank order
+        self.failed = False
+        self.calls = [[] for _ in range(size)]
+
+    def exchange(self, number, rank, obj):
+        """Post obj for collective number; return every rank's object."""
+        with self.cond:
+            box = self.boxes.setdefault(number, [None] * self.size + [0])
+            box[rank] = obj
+            box[-1] += 1
+            self.cond.notify_all()
+            if not self.cond.wait_for(lambda: box[-1] == self.size or self.failed, timeout=20):
+                raise TimeoutError(f"rank {rank}: collective {number} incomplete after 20 s")
+            if box[-1] < self.size:
+                raise RuntimeError(f"rank {rank}: another rank failed")
+            return box[: self.size]
+
+    def fail(self):
+        with self.cond:
+            self.failed = True
+            self.cond.notify_all()
+
+
+class ThreadComm:
+    """The part of the Comm interface DataParallel uses, between threads (tensors: torch)."""
+
+    backend = "threads"
+
+    def __init__(self, world, rank):
+        self.world, self.rank, self.size = world, rank, world.size
+        self._count = 0
+
+    def _exchange(self, obj):
+        self._count += 1
+        return self.world.exchange(self._count, self.rank, obj)
+
+    def all_reduce(self, x, op="sum", async_op=False):
+        from spmd.comms.handle import Done  # here: importing tests.support imports no spmd module
+
+        assert op == "sum"
+        self.world.calls[self.rank].append((x.numel(), x.dtype))
+        parts = self._exchange(x.clone())
+        total = parts[0].clone()
+        for p in parts[1:]:
+            total += p  # in rank order on every rank: identical results
+        x.copy_(total)
+        return Done(x) if async_op else x
+
+    def broadcast(self, x, root=0, async_op=False):
+        from spmd.comms.handle import Done
+
+        x.copy_(self._exchange(x.clone())[root])
+        return Done(x) if async_op else x
+
+    def broadcast_object(self, obj, root=0):
+        return self._exchange(obj)[root]
+
+    def gather_object(self, obj, root=0):
+        out = self._exchange(obj)
+        return out if self.rank == root else None
+
+    def all_gather_object(self, obj):
+        return self._exchange(obj)
+
+
+def run_ranks(size, fn):
+    """Run fn(comm) on size threads; return (results, errors, world), in rank order."""
+    world = ThreadWorld(size)
+    results, errors = [None] * size, [None] * size
+
+    def body(rank):
+        try:
+            results[rank] = fn(ThreadComm(world, rank))
+        except BaseException as exc:  # noqa: BLE001 - reported to the test
+            errors[rank] = exc
+            world.fail()  # release ranks waiting for this one
+
+    threads = [threading.Thread(target=body, args=(r,)) for r in range(size)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads), "a rank is stuck"
+    return results, errors, world
+
+
+def ranks_ok(outcome):
+    """Return (results, world) of a run_ranks outcome; raise the first rank's error, if any."""
+    results, errors, world = outcome
+    for e in errors:
+        if e is not None:
+            raise e
+    return results, world

@@ -1,8 +1,8 @@
-"""spmd.data_parallel and jobs/train_dp.py.
+"""spmd.train.data_parallel (DataParallel, gather_metrics) and jobs/train_dp.py.
 
 In-process tests drive DataParallel with a communicator whose ranks are
-threads of this process, so several ranks with different data or
-different graphs run in one test.  Real jobs then train the same model
+threads of this process (tests.support.run_ranks), so several ranks
+with different data or different graphs run in one test.  Real jobs then train the same model
 on the same global batches at sizes 1, 2 and 4, under mpirun, spmd run
 and torchrun (torch's own DDP), and compare the final parameters.
 
@@ -14,24 +14,15 @@ it: its step does not depend on the gradient's scale.
 
 import copy
 import importlib.util
-import threading
 
 import pytest
 import torch
 from torch import nn
 
-from tests.support import MPIRUN, PY, REPO, WORLDS, clean_env, run, tool
-from spmd.comms.base import Done
+from tests.support import MPIRUN, PY, REPO, WORLDS, clean_env, ranks_ok, run, run_ranks, tool
+from tests.train.nets import Branchy, data, grads, loss_of
 from spmd.comms.backends.serial import SerialComm
-from spmd.train.data_parallel import (
-    DataParallel,
-    atomic_save,
-    auto_bucket_mb,
-    gather_metrics,
-    load_checkpoint,
-    plan_buckets,
-    save_checkpoint,
-)
+from spmd.train.data_parallel import DataParallel, gather_metrics
 
 JOB = REPO / "jobs" / "train_dp.py"
 
@@ -46,176 +37,7 @@ def load_job():
 job = load_job()
 
 
-# -- a world of threads ------------------------------------------------------------
-
-
-class ThreadWorld:
-    """What the ranks of a world of threads share: one mailbox per collective."""
-
-    def __init__(self, size):
-        self.size = size
-        self.cond = threading.Condition()
-        self.boxes = {}  # collective number -> objects in rank order
-        self.failed = False
-        self.calls = [[] for _ in range(size)]
-
-    def exchange(self, number, rank, obj):
-        """Post obj for collective number; return every rank's object."""
-        with self.cond:
-            box = self.boxes.setdefault(number, [None] * self.size + [0])
-            box[rank] = obj
-            box[-1] += 1
-            self.cond.notify_all()
-            if not self.cond.wait_for(lambda: box[-1] == self.size or self.failed, timeout=20):
-                raise TimeoutError(f"rank {rank}: collective {number} incomplete after 20 s")
-            if box[-1] < self.size:
-                raise RuntimeError(f"rank {rank}: another rank failed")
-            return box[: self.size]
-
-    def fail(self):
-        with self.cond:
-            self.failed = True
-            self.cond.notify_all()
-
-
-class ThreadComm:
-    """The part of the Comm interface DataParallel uses, between threads."""
-
-    backend = "threads"
-
-    def __init__(self, world, rank):
-        self.world, self.rank, self.size = world, rank, world.size
-        self._count = 0
-
-    def _exchange(self, obj):
-        self._count += 1
-        return self.world.exchange(self._count, self.rank, obj)
-
-    def all_reduce(self, x, op="sum", async_op=False):
-        assert op == "sum"
-        self.world.calls[self.rank].append((x.numel(), x.dtype))
-        parts = self._exchange(x.clone())
-        total = parts[0].clone()
-        for p in parts[1:]:
-            total += p  # in rank order on every rank: identical results
-        x.copy_(total)
-        return Done(x) if async_op else x
-
-    def broadcast(self, x, root=0, async_op=False):
-        x.copy_(self._exchange(x.clone())[root])
-        return Done(x) if async_op else x
-
-    def broadcast_object(self, obj, root=0):
-        return self._exchange(obj)[root]
-
-    def gather_object(self, obj, root=0):
-        out = self._exchange(obj)
-        return out if self.rank == root else None
-
-    def all_gather_object(self, obj):
-        return self._exchange(obj)
-
-
-def run_ranks(size, fn):
-    """Run fn(comm) on size threads; return (results, errors, world), in rank order."""
-    world = ThreadWorld(size)
-    results, errors = [None] * size, [None] * size
-
-    def body(rank):
-        try:
-            results[rank] = fn(ThreadComm(world, rank))
-        except BaseException as exc:  # noqa: BLE001 - reported to the test
-            errors[rank] = exc
-            world.fail()  # release ranks waiting for this one
-
-    threads = [threading.Thread(target=body, args=(r,)) for r in range(size)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not any(t.is_alive() for t in threads), "a rank is stuck"
-    return results, errors, world
-
-
-def ok(outcome):
-    results, errors, world = outcome
-    for e in errors:
-        if e is not None:
-            raise e
-    return results, world
-
-
-class Branchy(nn.Module):
-    """A trunk, one head per rank, a head no rank uses and a frozen layer."""
-
-    def __init__(self):
-        super().__init__()
-        self.trunk = nn.Linear(4, 6)
-        self.frozen = nn.Linear(6, 6).requires_grad_(False)
-        self.heads = nn.ModuleList([nn.Linear(6, 3), nn.Linear(6, 3)])
-        self.never = nn.Linear(6, 3)
-
-    def forward(self, x, head):
-        return self.heads[head](torch.tanh(self.frozen(torch.tanh(self.trunk(x)))))
-
-
-def data(n=8, seed=1):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(n, 4, generator=g), torch.randn(n, 3, generator=g)
-
-
-def loss_of(model, x, y, head=0):
-    return ((model(x, head) - y) ** 2).mean()
-
-
-def grads(model):
-    return {n: None if p.grad is None else p.grad.clone() for n, p in model.named_parameters()}
-
-
-# -- buckets ----------------------------------------------------------------------
-
-
-@pytest.mark.unit
-def test_plan_buckets_fills_up_to_the_limit_and_never_splits():
-    t = [torch.zeros(100) for _ in range(5)]  # 400 bytes each
-    assert plan_buckets(t, 800) == [[0, 1], [2, 3], [4]]
-    assert plan_buckets(t, 799) == [[0], [1], [2], [3], [4]]
-    assert plan_buckets(t, 10_000) == [[0, 1, 2, 3, 4]]
-    big = [torch.zeros(10), torch.zeros(1000), torch.zeros(10)]
-    assert plan_buckets(big, 100) == [[0], [1], [2]]  # the big one alone, whole
-
-
-@pytest.mark.unit
-def test_default_bucket_size_is_25_mb_and_with_overlap_a_quarter_of_the_model_unless_crowded():
-    mb = [torch.zeros(1 << 18)]  # 1 MiB of float32
-    assert auto_bucket_mb(mb * 12, overlap=False) == 25.0
-    assert auto_bucket_mb(mb * 12, overlap=True) == 3.0
-    assert auto_bucket_mb(mb * 2, overlap=True) == 1.0  # at least 1
-    assert auto_bucket_mb(mb * 400, overlap=True) == 25.0  # at most 25
-    assert auto_bucket_mb(mb * 12, overlap=True, crowded=True) == 25.0  # more ranks than CPUs
-    assert DataParallel(Branchy(), SerialComm()).bucket_mb == 25.0
-    assert DataParallel(Branchy(), SerialComm(), bucket_mb=2).bucket_mb == 2
-
-
-@pytest.mark.unit
-def test_plan_buckets_keeps_dtypes_apart():
-    t = [torch.zeros(10), torch.zeros(10, dtype=torch.float64), torch.zeros(10), torch.zeros(10, dtype=torch.float64)]
-    assert plan_buckets(t, 1000) == [[0, 2], [1, 3]]
-    with pytest.raises(ValueError, match="positive"):
-        plan_buckets(t, 0)
-
-
-@pytest.mark.unit
-def test_buckets_hold_every_trainable_parameter_once_in_reverse_order():
-    model = Branchy()
-    dp = DataParallel(model, SerialComm(), bucket_mb=100 / 2**20)  # ~100 bytes
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    seen = [p for b in dp.buckets for p in b.params]
-    assert [id(p) for p in seen] == [id(p) for p in reversed(trainable)]
-    assert all(not p.requires_grad for p in model.frozen.parameters())
-    for b in dp.buckets:
-        assert b.nbytes <= 100 or len(b.params) == 1
-    assert len(dp.buckets) > 3
+# -- traffic ----------------------------------------------------------------------
 
 
 @pytest.mark.unit
@@ -230,7 +52,7 @@ def test_one_all_reduce_per_bucket_plus_the_used_map():
         dp.backward(loss_of(model, x, y))
         return [b.flat.numel() for b in dp.buckets], len(dp.params)
 
-    out, world = ok(run_ranks(2, rank))
+    out, world = ranks_ok(run_ranks(2, rank))
     sizes, n = out[0]
     assert world.calls[0] == [(s, torch.float32) for s in sizes] + [(n, torch.int32)]
     assert len(sizes) > 2
@@ -264,7 +86,7 @@ def test_gradients_are_the_full_batch_mean_on_every_rank(overlap, accum):
         assert stepped == [False] * (accum - 1) + [True]
         return grads(model), model.state_dict(), buckets
 
-    (out, world) = ok(run_ranks(2, rank))
+    (out, world) = ranks_ok(run_ranks(2, rank))
     expected = grads(ref)
     for g, state, _ in out:
         assert g["never.weight"] is None and g["frozen.weight"] is None
@@ -297,72 +119,13 @@ def test_a_parameter_unused_on_some_ranks_counts_as_zeros(overlap):
         dp.backward(loss_of(model, x[lo : lo + 4], y[lo : lo + 4], comm.rank))
         return grads(model)
 
-    (out, _) = ok(run_ranks(2, rank))
+    (out, _) = ranks_ok(run_ranks(2, rank))
     for name, want in grads(ref).items():
         for g in out:
             if want is None:
                 assert g[name] is None, name
             else:
                 torch.testing.assert_close(g[name], want, rtol=1e-5, atol=1e-7)
-
-
-class Stem(nn.Module):
-    """A trunk and a head, and below the trunk a stem that only some steps use."""
-
-    def __init__(self):
-        super().__init__()
-        self.stem = nn.Linear(4, 4)
-        self.trunk = nn.Linear(4, 6)
-        self.head = nn.Linear(6, 3)
-
-    def forward(self, x, stem=False):
-        return self.head(torch.tanh(self.trunk(torch.tanh(self.stem(x)) if stem else x)))
-
-
-@pytest.mark.unit
-def test_overlap_learns_which_parameters_get_no_gradient_and_adds_late_ones():
-    torch.manual_seed(0)
-    base = Stem()
-    x, y = data(8)
-
-    def loss(model, lo, stem):
-        return ((model(x[lo : lo + 4], stem) - y[lo : lo + 4]) ** 2).mean()
-
-    # Whether rank 1 uses the stem, per step (rank 0 never does).  At step 2 the
-    # stem has been learned to get nothing: its buckets leave after the trunk's,
-    # and its gradients come after that, late.
-    plan = [False, False, True, True]
-
-    def rank(comm):
-        model = copy.deepcopy(base)
-        dp = DataParallel(model, comm, bucket_mb=1e-9, overlap=True)  # a bucket per parameter
-        out = []
-        for stem in plan:
-            before = len(comm.world.calls[comm.rank])
-            loss(model, comm.rank * 4, stem and comm.rank == 1).backward()
-            during = len(comm.world.calls[comm.rank]) - before
-            dp.synchronize()
-            out.append((grads(model), during, len(comm.world.calls[comm.rank]) - before))
-            model.zero_grad(set_to_none=True)
-        return out, [[n for n, q in model.named_parameters() if q is b.params[0]][0] for b in dp.buckets]
-
-    (out, _) = ok(run_ranks(2, rank))
-    # After the first step the buckets follow backward's order; the stem, which got nothing, goes last.
-    assert out[0][1][-2:] == ["stem.bias", "stem.weight"] and out[0][1] == out[1][1]
-    for step, stem in enumerate(plan):
-        ref = copy.deepcopy(base)
-        ((loss(ref, 0, False) + loss(ref, 4, stem)) / 2).backward()
-        for r in range(2):
-            got, during, calls = out[r][0][step]
-            for name, want in grads(ref).items():
-                if want is None:
-                    assert got[name] is None, (step, r, name)
-                else:
-                    torch.testing.assert_close(got[name], want, rtol=1e-5, atol=1e-7)
-            # Step 0: the stem's buckets wait for synchronize; later every bucket leaves in backward.
-            assert during == (4 if step == 0 else 6), (step, r, during)
-            # Six buckets and the used map; at step 2 both stem buckets once more, on both ranks.
-            assert calls == 7 + (2 if step == 2 else 0), (step, r, calls)
 
 
 @pytest.mark.unit
@@ -376,7 +139,7 @@ def test_frozen_parameters_are_broadcast_not_reduced():
         DataParallel(model, comm)
         return model.frozen.weight.clone()
 
-    (out, _) = ok(run_ranks(2, rank))
+    (out, _) = ranks_ok(run_ranks(2, rank))
     assert torch.equal(out[1], torch.ones_like(out[1]))
 
 
@@ -394,28 +157,12 @@ def test_compression_sends_half_precision_and_stays_close(compress, wire):
         dp.backward(loss_of(model, x[comm.rank * 4 :][:4], y[comm.rank * 4 :][:4]))
         return grads(model)
 
-    (out, world) = ok(run_ranks(2, rank))
+    (out, world) = ranks_ok(run_ranks(2, rank))
     assert world.calls[0][-2][1] == wire  # the bucket; the used map stays int32
     for name, want in grads(ref).items():
         if want is not None:
             torch.testing.assert_close(out[0][name], want, rtol=2e-2, atol=1e-3)
             assert torch.equal(out[0][name], out[1][name])
-
-
-@pytest.mark.unit
-def test_a_second_backward_before_synchronize_is_an_error():
-    base = Branchy()
-
-    def rank(comm):
-        model = copy.deepcopy(base)
-        dp = DataParallel(model, comm, overlap=True)
-        x, y = data()
-        loss_of(model, x, y).backward()
-        loss_of(model, x, y).backward()
-
-    errors = run_ranks(2, rank)[1]
-    for e in errors:
-        assert isinstance(e, RuntimeError) and "no_sync" in str(e), e
 
 
 @pytest.mark.unit
@@ -455,56 +202,15 @@ def test_arguments_are_checked():
         DataParallel(Branchy(), SerialComm(), bucket_mb=0)
 
 
-# -- metrics and checkpoints --------------------------------------------------------------
+# -- metrics --------------------------------------------------------------
 
 
 @pytest.mark.unit
 def test_gather_metrics():
-    (out, _) = ok(run_ranks(3, lambda c: gather_metrics({"loss": c.rank, "n": 1}, c)))
+    (out, _) = ranks_ok(run_ranks(3, lambda c: gather_metrics({"loss": c.rank, "n": 1}, c)))
     assert out == [{"loss": [0.0, 1.0, 2.0], "n": [1.0, 1.0, 1.0]}, None, None]
     errors = run_ranks(2, lambda c: gather_metrics({f"x{c.rank}": 1}, c))[1]
     assert isinstance(errors[0], ValueError) and "same names" in str(errors[0])
-
-
-@pytest.mark.unit
-def test_atomic_save_replaces_whole_files_only(tmp_path, monkeypatch):
-    path = tmp_path / "ck.pt"
-    atomic_save({"step": 1}, path)
-    assert torch.load(path) == {"step": 1}
-
-    def broken(obj, f):
-        f.write(b"half a checkpoint")
-        raise OSError("disk full")
-
-    monkeypatch.setattr(torch, "save", broken)
-    with pytest.raises(OSError, match="disk full"):
-        atomic_save({"step": 2}, path)
-    monkeypatch.undo()
-    assert torch.load(path) == {"step": 1}
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["ck.pt"]
-
-
-@pytest.mark.unit
-def test_checkpoints_are_written_and_read_by_root_only(tmp_path):
-    path = tmp_path / "ck.pt"
-
-    def rank(comm):
-        wrote = save_checkpoint({"w": torch.arange(3)}, path, comm)
-        comm.all_gather_object(None)  # the file exists from here on
-        return wrote, load_checkpoint(path, comm)
-
-    (out, _) = ok(run_ranks(2, rank))
-    assert out[0][0] == str(path) and out[1][0] is None
-    for _, state in out:
-        assert torch.equal(state["w"], torch.arange(3))
-
-
-@pytest.mark.unit
-def test_a_missing_checkpoint_fails_on_every_rank(tmp_path):
-    missing = tmp_path / "nope.pt"
-    errors = run_ranks(2, lambda c: load_checkpoint(missing, c))[1]
-    assert isinstance(errors[0], FileNotFoundError)
-    assert isinstance(errors[1], RuntimeError) and "nope.pt" in str(errors[1])
 
 
 # -- the job's data ----------------------------------------------------------------------
