@@ -1,36 +1,15 @@
 """How many of a round's rows each rank gets: evenly, capped by memory, or by measured speed.
 
-The guide's data-parallel BERT case sizes each rank's scatter by the
-memory it has left; a rank on a slower or busier node should also get
-fewer rows, or every round waits for it. :class:`Planner` decides each
-round's shares from what every rank reported about the rounds before
-(the same numbers on every rank, so every rank computes the same
-shares without a message):
-
-even
-    ``split_sizes``: the first ``n % size`` ranks get one row more.
-memory
-    even, but no rank gets more rows than its memory holds: its budget
-    (``memory=``, per rank) or else the memory free where it runs
-    (MemAvailable, or the cgroup's limit less its use if smaller)
-    divided among the ranks of its node, over :data:`IN_FLIGHT` rounds
-    of input and output rows. Rows a capped rank cannot take go to the
-    others; a round shrinks when all are full.
-speed
-    shares follow each rank's measured rows per second in the rounds
-    before (rows over the time from one exchange of statuses to its part
-    of the next: its reading, fn, writing and, on root, the gathering
-    and checks; waiting for root's scatter excluded): its rows over its
-    seconds, both summed over the rounds with weights halving per round
-    back (:data:`DECAY`), so a big round counts more than a small one
-    and the last rounds most. A round is planned while the one before is
-    still running (its rows are read ahead), so the first two rounds are
-    even, before anything is measured: they are made smaller (a
-    :data:`PROBE`-th of ``chunk_rows``) so that less work is shared out
-    blind. A rank keeps at least :data:`FLOOR` of the fastest one's rate,
-    so it is still measured. Memory caps apply too when a budget is given.
-
-The output does not depend on the shares: fn computes every row on its own.
+:class:`Planner` decides each round's shares from what every rank
+reported about the rounds before (the same numbers on every rank, so
+every rank computes the same shares without a message): ``even``
+(:func:`split`), ``memory`` (no rank above what its budget or free
+memory holds over :data:`IN_FLIGHT` rounds) or ``speed`` (shares follow
+each rank's measured rows per second, decayed by :data:`DECAY` per
+round back, the first rounds small probes of a :data:`PROBE`-th of
+``chunk_rows``, every rank at least :data:`FLOOR` of the fastest rate).
+docs/pipeline.md ("Balance") says what each measures and why. The
+output does not depend on the shares: fn computes every row on its own.
 """
 
 import os

@@ -1,30 +1,13 @@
 """Checksums of array bytes that can be combined: the pipeline's per-block checks and whole-output checksum.
 
-The pipeline checks every block both ways (what a rank received against
-what was sent, what arrived against what a rank says it sent) and
-reports one checksum of the whole output in row order, the same at
-every world size, chunking and balance. Blocks are checksummed where
-they are made, on whichever rank, and root joins them with
-:func:`combine` into the checksum of the concatenation, so no rank
-ever checksums the whole output.
-
-That needs a CRC: a CRC of A followed by B follows from the CRCs of A
-and B and B's length (zlib's crc32_combine). Two kinds:
-
-========  ======================================  ============================
-kind      computed by                             here (4 MiB blocks, 1 Dec)
-========  ======================================  ============================
-crc32c    the ``crc32c`` package (SSE4.2/ARMv8)   28-33 GB/s
-crc32     ``zlib.crc32`` (the fallback)           4.8-7.0 GB/s
-========  ======================================  ============================
-
-crc32c is used where the ``crc32c`` package is installed (bin/setup
-installs it: the ``fast`` extra), else crc32; ``SPMD_CHECKSUM=crc32``
-or ``crc32c`` forces one. Measured beside them and not used:
-``xxhash``'s xxh3_64 (78-115 GB/s) cannot be combined, so the whole
-output would need a second pass; ``google-crc32c`` takes only read-only
-bytes (a copy of every block) and its wheel here runs the portable C
-code (about 17 GB/s with the copy).
+Blocks are checksummed where they are made, on whichever rank, and
+root joins them with :func:`combine` into the checksum of the
+concatenation (a CRC of A then B follows from the CRCs of A and B and
+B's length: zlib's crc32_combine), so no rank ever checksums the whole
+output. Two kinds: ``crc32c`` (the ``crc32c`` package, hardware) where
+it is installed, else ``crc32`` (zlib); ``SPMD_CHECKSUM`` forces one.
+docs/pipeline.md ("Integrity") has their speeds and why other hashes
+are not used.
 """
 
 import functools

@@ -1,19 +1,14 @@
 """A resumable pipeline's journal: what it reads and computes, and each round it finished.
 
-``<output>.journal`` sits beside the output while a ``resume=True`` run
-writes ``<output>.partial``. Its first line describes the run (input,
-task, output, checksum kind); every further line is one finished round
-(its rows and the checksums of its input and output), appended only
-after that round's rows are written and synced, so a crash, ``kill -9``
-or lost node leaves a journal whose every line holds. One JSON object
-per line; a last line cut short by a crash is ignored (and overwritten).
-
-The next ``resume=True`` run with the same command checks the journal
-against what it is about to do (:func:`differences`), checks the rows
-already in ``.partial`` against the journal's checksums, and continues at
-the first row not finished, at any world size or chunking. The output's
-checksum still covers every row: the journal's round checksums combine
-with the new ones (:mod:`spmd.pipeline.checksum`).
+``<output>.journal`` sits beside ``<output>.partial`` while a
+``resume=True`` run writes it: one JSON object per line, the first
+describing the run (input, task, output, checksum kind), every further
+one a finished round (its rows, the checksums of its input and output),
+appended only after that round's rows are written and synced. A last
+line cut short by a crash is ignored (and overwritten). The next run
+checks the journal against itself (:func:`differences`) and the rows in
+``.partial`` against the journal's checksums, and continues at the first
+unfinished row, at any world size or chunking. docs/pipeline.md ("Resume").
 """
 
 import json

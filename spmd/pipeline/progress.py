@@ -1,8 +1,11 @@
 """What a pipeline run reports: the phases it times, the progress bar on stderr, and the Result on root."""
 
+from __future__ import annotations
+
 import sys
 import time
 from dataclasses import dataclass
+from typing import Any, Optional
 
 __all__ = ["PHASES", "Laps", "Bar", "PerRank", "Result"]
 
@@ -74,24 +77,24 @@ class Result:
     backend: str
     rounds: int
     chunk_rows: int
-    row_shape: tuple
+    row_shape: tuple[int, ...]
     dtype: str
     #: Seconds on root per phase (see PHASES); process is wall time until the slowest rank is done.
-    timings: dict
+    timings: dict[str, float]
     total_s: float
     #: CRC-32 of the output data in row order (C order, no .npy header).
     checksum: int
     input_checksum: int
-    rows_per_rank: list
-    process_per_rank: list
+    rows_per_rank: list[int]
+    process_per_rank: list[float]
     #: The output array (output=None), the .npy path written, or None for a callable.
-    output: object = None
+    output: Any = None
     #: True or False after verify=True, else None.
-    verified: object = None
+    verified: Optional[bool] = None
     mismatched_rows: int = 0
-    first_mismatch: object = None
+    first_mismatch: Optional[int] = None
     #: Seconds each rank took for its parts of the rounds (spmd.pipeline.balance): the speed balance's measure.
-    busy_per_rank: list = None
+    busy_per_rank: Optional[list[float]] = None
     #: "crc32c" or "crc32" (spmd.pipeline.checksum): the kind of checksum and input_checksum.
     checksum_kind: str = "crc32"
     #: "parallel" (every rank read its own rows) or "root" (root read and scattered).
@@ -104,18 +107,18 @@ class Result:
     resumed_rows: int = 0
     resumed_rounds: int = 0
     #: Why a mode other than the fastest was used, one line each.
-    notes: tuple = ()
+    notes: tuple[str, ...] = ()
 
     @property
-    def rows_processed(self):
+    def rows_processed(self) -> int:
         """Rows read and computed by this run (a resumed run skips the journal's)."""
         return sum(self.rows_per_rank)
 
     @property
-    def rows_per_second(self):
+    def rows_per_second(self) -> float:
         return self.rows_processed / self.total_s if self.total_s > 0 else float("inf")
 
-    def summary(self):
+    def summary(self) -> str:
         """Return a few lines for people: sizes, phases, throughput, checksum."""
         each = f"{'x'.join(map(str, self.row_shape))} {self.dtype}" if self.row_shape else self.dtype
         phases = ", ".join(f"{p} {self.timings[p]:.3f}" for p in PHASES if p in self.timings)

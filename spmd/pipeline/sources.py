@@ -15,15 +15,21 @@ root alone. :func:`fingerprint` identifies a source's content cheaply,
 for a resume journal.
 """
 
+from __future__ import annotations
+
 import os
 import re
 import zlib
 from pathlib import Path
+from typing import Any, Union
 
 import numpy as np
 
 from spmd.comms.arrays import is_tensor
 from spmd.errors import SourceError, SourceTypeError
+
+#: What names a file or folder of rows.
+PathLike = Union[str, "os.PathLike[str]"]
 
 __all__ = ["open_source", "ArraySource", "NpySource", "ShardSource", "CsvSource", "SyntheticTable", "fingerprint"]
 
@@ -33,7 +39,7 @@ class ArraySource:
 
     every_rank = False
 
-    def __init__(self, array):
+    def __init__(self, array: Any) -> None:
         if is_tensor(array):
             array = array.detach().cpu().numpy()
         array = np.asarray(array)
@@ -41,11 +47,11 @@ class ArraySource:
             raise SourceError("the input must have at least one dimension (rows), got a 0-d array")
         self.array, self.shape, self.dtype = array, array.shape, array.dtype
 
-    def read(self, start, stop):
+    def read(self, start: int, stop: int) -> np.ndarray:
         """Return rows start to stop (exclusive)."""
         return self.array[start:stop]
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<ArraySource {self.shape} {self.dtype}>"
 
 
@@ -54,7 +60,7 @@ class NpySource:
 
     every_rank = True
 
-    def __init__(self, path):
+    def __init__(self, path: PathLike) -> None:
         self.path = Path(path)
         try:
             self._map = np.load(self.path, mmap_mode="r")
@@ -64,14 +70,14 @@ class NpySource:
             raise SourceError(f"{self.path}: holds a 0-d array; the input needs rows")
         self.shape, self.dtype = self._map.shape, self._map.dtype
 
-    def read(self, start, stop):
+    def read(self, start: int, stop: int) -> np.ndarray:
         """Return rows start to stop (exclusive), copied into memory."""
         return np.array(self._map[start:stop])
 
     def __reduce__(self):
         return (type(self), (os.fspath(self.path),))
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<NpySource {self.path} {self.shape} {self.dtype}>"
 
 
@@ -85,7 +91,7 @@ class ShardSource:
 
     every_rank = True
 
-    def __init__(self, directory):
+    def __init__(self, directory: PathLike) -> None:
         self.directory = Path(directory)
         paths = sorted(self.directory.glob("*.npy"), key=lambda p: _natural(p.name))
         if not paths:
@@ -103,7 +109,7 @@ class ShardSource:
         self.shape = (int(self.starts[-1]),) + first.shape[1:]
         self.dtype = first.dtype
 
-    def read(self, start, stop):
+    def read(self, start: int, stop: int) -> np.ndarray:
         """Return rows start to stop (exclusive), across shard boundaries."""
         pieces = []
         for s, lo, hi in zip(self.shards, self.starts[:-1], self.starts[1:]):
@@ -117,7 +123,7 @@ class ShardSource:
     def __reduce__(self):
         return (type(self), (os.fspath(self.directory),))
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<ShardSource {self.directory} {len(self.shards)} shards {self.shape} {self.dtype}>"
 
 
@@ -127,7 +133,7 @@ class CsvSource:
 
     every_rank = False
 
-    def __init__(self, path, dtype=np.float64):
+    def __init__(self, path: PathLike, dtype: Any = np.float64) -> None:
         self.path, self.dtype = Path(path), np.dtype(dtype)
         self._file, self._row = None, 0
         with open(self.path) as f:
@@ -148,7 +154,7 @@ class CsvSource:
         if self.header:
             self._file.readline()
 
-    def read(self, start, stop):
+    def read(self, start: int, stop: int) -> np.ndarray:
         """Return rows start to stop (exclusive)."""
         if self._file is None or start < self._row:
             self._rewind()
@@ -172,7 +178,7 @@ class CsvSource:
                               f"expected {self.shape[1]}")
         return block
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<CsvSource {self.path} {self.shape}>"
 
 
@@ -195,7 +201,7 @@ class SyntheticTable:
     BLOCK = 65536
     every_rank = True
 
-    def __init__(self, rows=1_000_000, features=16, seed=0):
+    def __init__(self, rows: int = 1_000_000, features: int = 16, seed: int = 0) -> None:
         if rows < 0 or features < 1:
             raise SourceError(f"a synthetic table needs rows >= 0 and features >= 1, got {rows} and {features}")
         self.rows, self.features, self.seed = int(rows), int(features), int(seed)
@@ -219,7 +225,7 @@ class SyntheticTable:
             self._cached = (k, self._generate(k, np.empty((n, self.features), np.float32)))
         return self._cached[1]
 
-    def read(self, start, stop):
+    def read(self, start: int, stop: int) -> np.ndarray:
         """Return rows start to stop (exclusive).
 
         Whole blocks are generated straight into the result; a block cut
@@ -239,11 +245,11 @@ class SyntheticTable:
     def __reduce__(self):
         return (type(self), (self.rows, self.features, self.seed))
 
-    def fingerprint(self):
+    def fingerprint(self) -> str:
         """The table's identity: its size and seed (its rows follow from them)."""
         return f"synthetic {self.rows}x{self.features} seed {self.seed}"
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<SyntheticTable {self.rows} x {self.features}, seed {self.seed}>"
 
 
@@ -251,7 +257,7 @@ class SyntheticTable:
 SAMPLES = 17
 
 
-def fingerprint(source):
+def fingerprint(source: Any) -> str:
     """Return a hex digest of source's shape, dtype and SAMPLES rows spread over it.
 
     Cheap (a few rows read), and enough to tell another input, or the
@@ -270,7 +276,7 @@ def fingerprint(source):
     return f"{crc:08x}"
 
 
-def open_source(spec):
+def open_source(spec: Any) -> Any:
     """Return a source for spec: an array, a path (.npy, .csv, directory of .npy) or a source."""
     if hasattr(spec, "read") and hasattr(spec, "shape") and hasattr(spec, "dtype"):
         return spec

@@ -1,31 +1,19 @@
 """Per-record computations for :func:`spmd.pipeline.pipeline`, in one registry.
 
 A task is a function ``make(features, seed, stats) -> fn`` registered
-under a name; ``fn(block)`` maps a block of rows (numpy, shape
-``(n, features)``) to one output row per input row::
-
-    from spmd import tasks
-
-    @tasks.register("square")
-    def square(features, seed, stats):
-        \"\"\"Square every value.\"\"\"
-        return lambda block: block * block
-
-    fn = tasks.build("square", source)    # collective; source on root only
-
-Every row's result must not depend on which other rows share its
-block, so that the output is bitwise identical at every world size and
-chunking. Elementwise arithmetic is safe; matrix products are not (BLAS
-picks different kernels for different numbers of rows), so the tasks
-here run their row-mixing arithmetic through :func:`fixed_batches`,
-which always hands the computation a buffer of the same shape.
-
-Tasks needing column statistics (``needs_stats=True``) get them
-computed over the whole input by :func:`column_stats`, never per block.
+under a name (:func:`register`); ``fn(block)`` maps a block of rows to
+one output row per input row, and :func:`build` makes it on every rank.
+Every row's result must not depend on which other rows share its block
+(:func:`fixed_batches` makes a matrix product do that); tasks with
+``needs_stats=True`` get the whole input's column statistics
+(:func:`column_stats`). docs/pipeline.md ("Tasks") has an example and
+the reasons.
 """
 
+from __future__ import annotations
+
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -63,7 +51,7 @@ class Task:
 TASKS = {}
 
 
-def register(name, *, needs_stats=False):
+def register(name: str, *, needs_stats: bool = False) -> Callable[[Callable], Callable]:
     """Register ``make(features, seed, stats) -> fn`` as task name (a decorator)."""
 
     def add(make):
@@ -76,7 +64,7 @@ def register(name, *, needs_stats=False):
     return add
 
 
-def get(name):
+def get(name: str) -> Task:
     """Return the task registered as name."""
     try:
         return TASKS[name]
@@ -84,12 +72,12 @@ def get(name):
         raise TaskError(f"unknown task {name!r}; expected one of {', '.join(names())}") from None
 
 
-def names():
+def names() -> list[str]:
     """Return the registered task names, sorted."""
     return sorted(TASKS)
 
 
-def build(name, source=None, *, seed=0, comm=None, root=0):
+def build(name: str, source: Any = None, *, seed: int = 0, comm: Any = None, root: int = 0) -> Callable:
     """Make task name's fn on every rank (collective; source is needed on root only).
 
     Root reads the number of features from source and, for tasks that

@@ -1,4 +1,4 @@
-"""spmd.pipeline and spmd.tasks in a world of one: plain calls, no launcher."""
+"""spmd.pipeline.run: pipeline() and on_root() in a world of one and under launchers."""
 
 import subprocess
 import sys
@@ -8,30 +8,16 @@ import pytest
 
 from spmd.pipeline import checksum
 from spmd.pipeline import tasks
-from spmd.pipeline.run import (
-    ArraySource,
-    CsvSource,
-    NpySource,
-    PipelineError,
-    ShardSource,
-    SyntheticTable,
-    on_root,
-    open_source,
-    pipeline,
-)
+from spmd.pipeline.run import PipelineError, SyntheticTable, on_root, pipeline
 
-from tests.support import REPO, clean_env
+from tests.support import MPIRUN, PY, REPO, WORLDS, clean_env, run, tool
 
 pytestmark = pytest.mark.timeout(120)
-
-# row counts that cut the micro-batches, the synthetic blocks and each other awkwardly
-SPLITS = [1, 2, 3, 7, 8, 13, 100, 1023, 1024, 1025, 2049, 3000]
 
 
 def crc(a):
     """The checksum the pipeline reports in this process (crc32c where installed, else zlib's crc32)."""
     return checksum.get().of(a)
-
 
 @pytest.fixture(scope="module")
 def table():
@@ -76,72 +62,6 @@ def test_callable_output_gets_start_rows(table):
     result = pipeline(lambda b: b[:, 0], table, output=lambda start, block: got.append((start, len(block))),
                       chunk_rows=2000)
     assert got == [(0, 2000), (2000, 1001)] and result.output is None
-
-
-@pytest.mark.unit
-def test_sources_npy_shards_csv_and_callable(table, tmp_path):
-    np.save(tmp_path / "t.npy", table)
-    shards = tmp_path / "shards"
-    shards.mkdir()
-    cuts = [0, 500, 501, 501, 2000, 3001]  # an empty shard too; part10 comes after part2
-    for i, (a, b) in enumerate(zip(cuts[:-1], cuts[1:])):
-        np.save(shards / f"part{[1, 2, 10, 11, 20][i]}.npy", table[a:b])
-    np.savetxt(tmp_path / "t.csv", table, delimiter=",", fmt="%.9g", header="a,b,c,d,e,f,g,h,i,j,k,l,m,n,o,p",
-               comments="")
-    assert isinstance(open_source(tmp_path / "t.npy"), NpySource)
-    assert isinstance(open_source(str(shards)), ShardSource)
-    assert isinstance(open_source(tmp_path / "t.csv"), CsvSource)
-    assert open_source(tmp_path / "t.csv").shape == (3001, 16)
-    fn = tasks.get("copy").make(16, 0, None)
-    for spec in (tmp_path / "t.npy", shards, lambda: table):
-        assert np.array_equal(pipeline(fn, spec, chunk_rows=777).output, table), spec
-    from_csv = pipeline(fn, tmp_path / "t.csv", chunk_rows=777).output
-    assert from_csv.dtype == np.float64 and np.array_equal(from_csv.astype(np.float32), table)
-
-
-@pytest.mark.unit
-def test_synthetic_ranges_do_not_depend_on_how_the_table_is_cut():
-    src = SyntheticTable(70000, 5, seed=9)
-    whole = src.read(0, 70000)
-    assert whole.shape == (70000, 5) and whole.dtype == np.float32
-    for a, b in [(0, 1), (65535, 65537), (100, 69999), (69999, 70000), (3, 3)]:
-        assert np.array_equal(SyntheticTable(70000, 5, seed=9).read(a, b), whole[a:b]), (a, b)
-    assert not np.array_equal(SyntheticTable(10, 5, seed=10).read(0, 10), whole[:10])
-
-
-@pytest.mark.unit
-@pytest.mark.parametrize("name", ["mlp", "standardize", "copy"])
-def test_tasks_give_the_same_bits_however_rows_are_batched(name, table):
-    task = tasks.get(name)
-    stats = tasks.column_stats(ArraySource(table)) if task.needs_stats else None
-    fn = task.make(16, 0, stats)
-    ref = fn(table)
-    assert ref.shape[0] == len(table)
-    for s in SPLITS:
-        assert np.array_equal(ref, np.concatenate([fn(table[:s]), fn(table[s:])])), f"split at {s}"
-    assert np.array_equal(ref, np.concatenate([fn(p) for p in np.array_split(table, 7)]))
-    assert fn(table[:0]).shape == (0,) + ref.shape[1:]
-    again = task.make(16, 0, stats)  # same seed, same weights: what every rank builds
-    assert np.array_equal(again(table), ref)
-
-
-@pytest.mark.unit
-def test_column_stats_are_global_and_independent_of_reading():
-    src = SyntheticTable(200_003, 3, seed=1)
-    mean, std = tasks.column_stats(src)
-    direct = src.read(0, src.rows).astype(np.float64)
-    assert np.allclose(mean, direct.mean(0), rtol=0, atol=1e-9)
-    assert np.allclose(std, direct.std(0), rtol=1e-9)
-    assert all(np.array_equal(x, y) for x, y in zip(tasks.column_stats(ArraySource(direct)), (mean, std)))
-
-
-@pytest.mark.unit
-def test_build_reads_features_and_stats_from_the_source(table):
-    fn = tasks.build("standardize", table, seed=0)
-    stats = tasks.column_stats(ArraySource(table))
-    assert np.array_equal(fn(table), tasks.get("standardize").make(16, 0, stats)(table))
-    out = fn(table).astype(np.float64)
-    assert out.shape == (3001, 8) and abs(out.mean()) < 0.1
 
 
 @pytest.mark.unit
@@ -220,6 +140,27 @@ def test_importing_spmd_pipeline_and_tasks_does_not_import_torch():
     assert out.stdout.strip() == "False", out.stderr
 
 
+def _double(block):
+    return block * np.float32(2)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("overlap", [True, False])
+def test_every_mode_in_a_world_of_one_writes_the_same_file(tmp_path, overlap):
+    src = SyntheticTable(3001, 5, seed=2)
+    want = src.read(0, 3001) * 2
+    for i, (read, write) in enumerate([("auto", "auto"), ("root", "root"), ("parallel", "parallel")]):
+        out = tmp_path / f"{i}.npy"
+        r = pipeline(_double, src, output=out, chunk_rows=400, read=read, write=write, overlap=overlap,
+                     balance="speed")
+        assert np.array_equal(np.load(out), want) and r.checksum == checksum.get().of(want)
+        assert (r.read_mode, r.write_mode) == ("root" if read == "root" else "parallel",
+                                               "root" if write == "root" else "parallel")
+        assert r.rounds == 10 and r.rows_processed == 3001  # speed: two probe rounds of 100 first
+        assert f"read {r.read_mode}" in r.summary()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["0.npy", "1.npy", "2.npy"]
+
+
 USER_SCRIPT = '''
 import numpy as np
 from spmd import comm
@@ -271,3 +212,16 @@ def test_a_users_pipeline_at_size_3_and_errors_raised_alike_on_every_rank(tmp_pa
                                   "on rank 0: making the output: FileNotFoundError"]):
         lines = sorted(line.split(": ", 1)[1] for line in out.splitlines() if line.startswith(f"CASE {case} "))
         assert len(lines) == 3 and len(set(lines)) == 1 and words in lines[0], (case, lines, out[-3000:])
+
+
+@pytest.mark.launcher
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("launcher", ["mpirun", "spmd-run"])
+def test_every_mode_gives_the_same_bytes_at_three_ranks(tmp_path, launcher):
+    if launcher == "mpirun":
+        cmd, env = [MPIRUN, "-n", 3, PY], clean_env(SPMD_BACKEND="mpi")
+    else:
+        cmd, env = [tool("spmd"), "run", "-n", 3, "--backend", "gloo"], clean_env()
+    result = run(cmd + [WORLDS / "pipeline_modes.py", tmp_path], 180, env=env)
+    assert result.returncode == 0 and "MODES OK size 3" in result.stdout, result.stdout[-5000:]
+    assert result.stdout.count("CASE rank 0: mode") == 6, result.stdout[-3000:]

@@ -1,106 +1,21 @@
-"""Pipeline v2 (issue 14): parallel reads and writes, overlap, balance, resume, combinable checksums."""
+"""spmd.pipeline.journal: the journal file, and resuming from it after a failure, a preemption or SIGKILL."""
 
 import json
 import os
 import time
 import uuid
-import zlib
 
 import numpy as np
 import pytest
 
-from spmd.pipeline import balance
+from spmd.errors import PipelineError, PipelineJournalError, PipelinePreempted, PipelineValueError
 from spmd.pipeline import checksum
 from spmd.pipeline import journal
-from spmd.runtime import preempt
-from spmd.errors import PipelineError, PipelineJournalError, PipelinePreempted, PipelineValueError
 from spmd.pipeline.run import SyntheticTable, pipeline
 from spmd.pipeline.sinks import partial_path
-from spmd.pipeline.sources import NpySource, fingerprint
+from spmd.runtime import preempt
 
 from tests.support import MPIRUN, PY, REPO, WORLDS, clean_env, finish, left_behind, run, start, tool
-
-# -- checksums -------------------------------------------------------------------------
-
-
-@pytest.mark.unit
-@pytest.mark.parametrize("kind", [k for k in checksum.KINDS if k != "crc32c" or checksum.has_crc32c()])
-def test_checksums_combine_into_the_checksum_of_the_concatenation(kind):
-    crc = checksum.get(kind)
-    rng = np.random.default_rng(0)
-    pieces = [rng.integers(0, 256, n, dtype=np.uint8) for n in (0, 1, 7, 4096, 65537, 3, 0, 1 << 20)]
-    joined = 0
-    for p in pieces:
-        joined = crc.combine(joined, crc.of(p), p.size)
-    assert joined == crc.of(np.concatenate(pieces))
-    if kind == "crc32":
-        assert crc.of(np.frombuffer(b"123456789", np.uint8)) == zlib.crc32(b"123456789") == 0xCBF43926
-    else:
-        assert crc.of(np.frombuffer(b"123456789", np.uint8)) == 0xE3069283  # the CRC-32C check value
-    # arrays of any dtype and layout: their bytes in C order
-    a = rng.standard_normal((30, 7)).astype(np.float32)
-    assert crc.of(a.T) == crc.of(np.ascontiguousarray(a.T))
-    assert crc.of(a[10:], crc.of(a[:10])) == crc.of(a)
-
-
-@pytest.mark.unit
-def test_checksum_kind_is_the_fastest_installed_unless_named():
-    assert checksum.kind({}) == ("crc32c" if checksum.has_crc32c() else "crc32")
-    assert checksum.kind({"SPMD_CHECKSUM": "crc32"}) == "crc32"
-    with pytest.raises(PipelineValueError, match="SPMD_CHECKSUM='md5': expected one of crc32, crc32c"):
-        checksum.kind({"SPMD_CHECKSUM": "md5"})
-
-
-# -- balance ---------------------------------------------------------------------------
-
-
-@pytest.mark.unit
-def test_split_follows_weights_within_caps():
-    assert balance.split(10, [1, 1, 1]) == [4, 3, 3]
-    assert balance.split(10, [2, 1, 1]) == [5, 3, 2]
-    assert balance.split(10, [1, 1, 1], caps=[1, 100, 100]) == [1, 5, 4]
-    assert balance.split(10, [1, 1], caps=[2, 3]) == [2, 3]  # the caps hold less than the round
-    assert balance.split(0, [1, 1]) == [0, 0]
-    rng = np.random.default_rng(1)
-    for _ in range(300):
-        n, size = int(rng.integers(0, 1000)), int(rng.integers(1, 9))
-        weights = list(rng.uniform(0, 5, size))
-        caps = list(rng.integers(0, 400, size))
-        got = balance.split(n, weights, caps)
-        assert sum(got) == min(n, sum(caps)) and all(0 <= g <= c for g, c in zip(got, caps)), (n, weights, caps)
-
-
-@pytest.mark.unit
-def test_planner_speed_shares_follow_measured_rates_and_memory_caps_rows():
-    p = balance.Planner("speed", 2, 900, 64)
-    assert p.plan(10_000) == p.plan(10_000) == [113, 112]  # nothing measured yet: even, and small
-    p.observe([450, 450], [1.0, 2.0])  # rank 1 is half as fast
-    assert p.plan(10_000) == [600, 300]
-    p.observe([0, 0], [0.0, 0.0])  # a round without rows changes nothing
-    assert p.plan(10_000) == [600, 300]
-    assert p.plan(100) == [67, 33]  # the last, short round
-    m = balance.Planner("memory", 3, 1000, 100, budgets=[10**9, 10**9, 4000])
-    assert m.plan(10**6) == [495, 495, 10]  # 4000 // (2 rounds * (100 in + 100 out, until measured))
-    m.observe([490, 490, 20], [1, 1, 1], out_row_bytes=900)
-    assert m.plan(10**6)[2] == 2  # 4000 // (2 * (100 + 900)): the output rows turned out larger
-    with pytest.raises(PipelineValueError, match="no rank has memory for one row"):
-        balance.Planner("memory", 2, 10, 100, budgets=[10, 10]).plan(10)
-    with pytest.raises(PipelineValueError, match="balance='fast'"):
-        balance.Planner("fast", 2, 10, 1)
-
-
-@pytest.mark.unit
-def test_memory_budgets_parse_per_rank():
-    assert balance.parse_budget("512M") == 512 << 20
-    assert [balance.parse_budget("2G,512k,1000", r) for r in range(4)] == [2 << 30, 512 << 10, 1000, 1000]
-    assert balance.parse_budget(4096, 3) == 4096 and balance.parse_budget("1.5GiB") == 3 << 29
-    for bad in ("lots", "-1M", "0", ""):
-        with pytest.raises(PipelineValueError, match="memory budget"):
-            balance.parse_budget(bad)
-    assert balance.free_memory() > 0
-
-
-# -- journal, sources, sinks -----------------------------------------------------------
 
 
 @pytest.mark.unit
@@ -127,49 +42,8 @@ def test_journal_ignores_a_torn_last_line_and_refuses_a_gap(tmp_path):
         "task: the journal has 'a', this run 'b'"]
 
 
-@pytest.mark.unit
-def test_fingerprint_tells_inputs_apart_cheaply(tmp_path):
-    a = np.arange(4000.0).reshape(1000, 4)
-    np.save(tmp_path / "a.npy", a)
-    b = a.copy()
-    b[0, 1] = -1  # a sampled row (fingerprint reads 17 rows, the first and last among them)
-    np.save(tmp_path / "b.npy", b)
-    fa, fb = fingerprint(NpySource(tmp_path / "a.npy")), fingerprint(NpySource(tmp_path / "b.npy"))
-    assert fa != fb and fa == fingerprint(NpySource(tmp_path / "a.npy"))
-    assert fingerprint(SyntheticTable(10, 2, 3)) == "synthetic 10x2 seed 3" != fingerprint(SyntheticTable(10, 2, 4))
-
-
-@pytest.mark.unit
-def test_sources_every_rank_can_read_pickle_to_a_fresh_copy(tmp_path):
-    import pickle
-
-    np.save(tmp_path / "t.npy", np.arange(12.0).reshape(6, 2))
-    for src in (NpySource(tmp_path / "t.npy"), SyntheticTable(100, 3, 1)):
-        copy = pickle.loads(pickle.dumps(src))
-        assert src.every_rank and copy.shape == src.shape and np.array_equal(copy.read(2, 5), src.read(2, 5))
-
-
-# -- a world of one --------------------------------------------------------------------
-
-
 def _double(block):
     return block * np.float32(2)
-
-
-@pytest.mark.unit
-@pytest.mark.parametrize("overlap", [True, False])
-def test_every_mode_in_a_world_of_one_writes_the_same_file(tmp_path, overlap):
-    src = SyntheticTable(3001, 5, seed=2)
-    want = src.read(0, 3001) * 2
-    for i, (read, write) in enumerate([("auto", "auto"), ("root", "root"), ("parallel", "parallel")]):
-        out = tmp_path / f"{i}.npy"
-        r = pipeline(_double, src, output=out, chunk_rows=400, read=read, write=write, overlap=overlap,
-                     balance="speed")
-        assert np.array_equal(np.load(out), want) and r.checksum == checksum.get().of(want)
-        assert (r.read_mode, r.write_mode) == ("root" if read == "root" else "parallel",
-                                               "root" if write == "root" else "parallel")
-        assert r.rounds == 10 and r.rows_processed == 3001  # speed: two probe rounds of 50 first and f"read {r.read_mode}" in r.summary()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["0.npy", "1.npy", "2.npy"]
 
 
 @pytest.mark.unit
@@ -229,22 +103,6 @@ def test_a_preemption_signal_ends_a_resumable_run_at_a_round_and_resume_finishes
         preempt.reset()
     r = pipeline(_double, src, output=out, chunk_rows=200, resume=True, task="d")
     assert r.resumed_rows == 400 and np.array_equal(np.load(out), src.read(0, 1000) * 2)
-
-
-# -- worlds under launchers ------------------------------------------------------------
-
-
-@pytest.mark.launcher
-@pytest.mark.timeout(200)
-@pytest.mark.parametrize("launcher", ["mpirun", "spmd-run"])
-def test_every_mode_gives_the_same_bytes_at_three_ranks(tmp_path, launcher):
-    if launcher == "mpirun":
-        cmd, env = [MPIRUN, "-n", 3, PY], clean_env(SPMD_BACKEND="mpi")
-    else:
-        cmd, env = [tool("spmd"), "run", "-n", 3, "--backend", "gloo"], clean_env()
-    result = run(cmd + [WORLDS / "pipeline_modes.py", tmp_path], 180, env=env)
-    assert result.returncode == 0 and "MODES OK size 3" in result.stdout, result.stdout[-5000:]
-    assert result.stdout.count("CASE rank 0: mode") == 6, result.stdout[-3000:]
 
 
 ROWS, CHUNK = 36_000, 1000  # 36 rounds of about 50 ms each
