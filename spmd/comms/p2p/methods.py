@@ -1,44 +1,27 @@
-"""Point-to-point messages: send, recv, their immediate forms, sendrecv, and objects.
+"""Point-to-point messages: send, recv, their immediate forms, and sendrecv.
 
 A mixin of :class:`~spmd.comms.base.Comm`: it checks arguments and builds
 messages; a backend moves bytes with two hooks, ``_send`` and ``_recv``.
-
-A message is a header, then the data.  The header is the array's
-description (kind, dtype, shape: :func:`spmd.comms.state.meta.encode`), so a
-receiver needs to know nothing in advance and gets back what was sent, a
-numpy array or a torch tensor of the same dtype and shape.  An empty array
-sends its header only.  Where the backend allows (``_inline_bytes``: 3904 B
-on mpi, 65440 B on gloo, whose receives take a message shorter than their
-buffer; not nccl), data up to that size travels in the header's own
-message: one message, not two.
-Tags: a user's tag ``t`` becomes the backend's tags
-``8 t + 1`` (header), ``8 t + 2`` (data) and, in debug mode, ``8 t + 3``
-(the sender's call site) and ``8 t + 4`` (the receiver's verdict); spmd's own
-messages use multiples of 8, so the two never meet.  Messages between two
-ranks with one tag arrive in the order they were sent.
-
-Buffers: after ``send`` returns, ``x`` may be changed.  After ``isend`` or
-``irecv``, neither touch ``x`` nor ``out`` until ``wait()`` has returned.
-
-A receive whose ``out`` does not match what was sent (dtype or shape)
-raises :class:`~spmd.errors.CollectiveError` on the receiver, naming both;
-the data is drained, so later messages still match.  With ``SPMD_DEBUG=1``
-the message names both call sites, and the sender of a blocking send of
-over 64 KiB (one that waits for its receive in raw MPI too) waits for the
-receiver's verdict, so both ranks raise it; smaller and immediate sends
-never wait for it (a ring of them must not deadlock in debug mode).
+A message is a header (the array's kind, dtype and shape), then the data;
+small data travels inside the header's message.  Tags, buffers, mismatches
+and debug mode: docs/comms.md, "Point to point".  Checks and message
+plans are in :mod:`~spmd.comms.p2p.checks`, debug mode's messages in
+:mod:`~spmd.comms.p2p.debug`, objects in :mod:`~spmd.comms.p2p.objects`.
 """
 
-import pickle
+from __future__ import annotations
+
 import time
 from ctypes import memmove
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import numpy as np
 
 from spmd.errors import CollectiveError, CollectiveTimeout
-from spmd.comms.state import meta
-from spmd.comms.arrays import byte_view, contiguous, dtype_name, is_tensor
+from spmd.comms.arrays import contiguous
 from spmd.comms.handle import Handle
+from spmd.comms.p2p.checks import MessageChecks
+from spmd.comms.p2p.debug import CheckedMessages
 from spmd.comms.p2p.incoming import (
     DATA,
     HEADER,
@@ -51,31 +34,16 @@ from spmd.comms.p2p.incoming import (
     all_done,
     land,
 )
+from spmd.comms.p2p.objects import ObjectMessages
+from spmd.comms.p2p.plan import VERDICT_AFTER, Received
 
-__all__ = ["PointToPoint", "Received", "HEADER", "DATA", "WHERE", "VERDICT", "TAG_STRIDE"]
+if TYPE_CHECKING:
+    from spmd.comms.types import Array, ArrayT
 
-
-
-class Received(Handle):
-    """An immediate receive in flight; ``wait()`` gives the array; then ``source`` and ``tag`` are set."""
-
-    __slots__ = ("source", "tag")
-
-    def __init__(self, wait, test, finish, tag):
-        super().__init__(wait, test, finish)
-        self.source, self.tag = None, tag
+__all__ = ["PointToPoint", "Received", "HEADER", "DATA", "WHERE", "VERDICT", "TAG_STRIDE", "VERDICT_AFTER"]
 
 
-def _nbytes(x):
-    return x.nbytes if isinstance(x, np.ndarray) else x.numel() * x.element_size()
-
-
-#: In debug mode, a blocking send of more bytes than this waits for the receiver's verdict
-#: (above every eager limit: such a send waits for its receive in raw MPI too).
-VERDICT_AFTER = 64 << 10
-
-
-class PointToPoint:
+class PointToPoint(MessageChecks, CheckedMessages, ObjectMessages):
     """send, recv, isend, irecv, sendrecv, send_object, recv_object."""
 
     #: Immediate receives whose header has not come yet: every wait here moves them on
@@ -89,66 +57,16 @@ class PointToPoint:
     #: for backends whose receive takes a message shorter than its buffer (mpi, gloo).
     _inline_bytes = 0
 
-    def _bytes_of(self, c):
-        """Return contiguous CPU array or tensor c's memory as a writable 1-d numpy uint8 array."""
-        return byte_view(c)
-
-    def _packed(self, header, c, n):
-        """One message: the header row, then c's n bytes."""
-        buf = np.empty(HEADER_BYTES + n, np.uint8)
-        buf[:HEADER_BYTES] = header.view(np.uint8)
-        buf[HEADER_BYTES:] = self._bytes_of(c)
-        return buf
-
-    # -- checks -------------------------------------------------------------------
-
-    def _peer(self, rank, what):
-        if type(rank) is int and 0 <= rank < self.size:
-            return rank
-        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < self.size:
-            raise CollectiveError(
-                f"{what} {rank!r} is out of range: this communicator has ranks 0 to {self.size - 1}"
-            )
-        return int(rank)
-
-    def _tag(self, tag):
-        top = self._max_tag // TAG_STRIDE - 1
-        if type(tag) is not int or not 0 <= tag <= top:
-            if isinstance(tag, bool) or not isinstance(tag, int) or not 0 <= tag <= top:
-                raise CollectiveError(
-                    f"tag {tag!r} is not allowed: tags are integers from 0 to {top} on the {self.backend} backend"
-                )
-            tag = int(tag)
-        return tag
-
-    def _plan(self, x, what, strict=True):
-        """Check x can travel and return its message's _Plan, worked out once per (type, dtype, shape).
-
-        Not strict (a receive's out): None for an array no message can fill.
-        """
-        if type(x) is np.ndarray:
-            key = (np.ndarray, x.dtype, x.shape)
-        else:  # a tensor (a numpy subclass; anything else is refused on the miss)
-            try:
-                key = (type(x), x.dtype, x.shape, x.device)
-            except AttributeError:
-                key = (type(self._array(x, what)), x.dtype, x.shape)
-        plan = self._descs.plans.get(key)
-        if plan is None:
-            self._array(x, what)
-            if meta.dtype_code(x.dtype) < 0 or x.ndim > meta.MAX_TRAIL + 1:
-                if not strict:
-                    return None
-                raise CollectiveError(
-                    f"{what}: cannot send a {dtype_name(x)} array of {x.ndim} dimensions; send one of at "
-                    f"most {meta.MAX_TRAIL + 1} dimensions, of a dtype among {', '.join(meta.DTYPES)}"
-                )
-            plan = self._descs.keep_plan(key, _Plan(self, x))
-        return plan
-
     # -- sends -----------------------------------------------------------------------
 
-    def send(self, x, dst, tag=0, async_op=False):
+    @overload
+    def send(self, x: Array, dst: int, tag: int = 0, async_op: Literal[False] = False) -> None: ...
+    @overload
+    def send(self, x: Array, dst: int, tag: int = 0, *, async_op: Literal[True]) -> Handle[None]: ...
+    @overload
+    def send(self, x: Array, dst: int, tag: int = 0, async_op: bool = False) -> Handle[None] | None: ...
+
+    def send(self, x: Array, dst: int, tag: int = 0, async_op: bool = False) -> Handle[None] | None:
         """Send x (a numpy array or torch tensor) to rank dst; its dtype, shape and kind travel with it.
 
         Blocks until x may be reused (which, for a large x, may be until
@@ -161,7 +79,7 @@ class PointToPoint:
         args = (c, plan, dst, tag, async_op)
         return self._call(self._send_message, args, "send", x, dst, tag, async_op, collective=False)
 
-    def isend(self, x, dst, tag=0):
+    def isend(self, x: Array, dst: int, tag: int = 0) -> Handle[None]:
         """Start sending x to rank dst; return a handle whose ``wait()`` returns once x may be reused."""
         return self.send(x, dst, tag, async_op=True)
 
@@ -193,36 +111,23 @@ class PointToPoint:
         handle = Handle(lambda: self._progressing(works), lambda: all_done(works), lambda: (c, header) and None)
         return handle if async_op else handle.wait()
 
-    def _send_checked(self, c, header, dst, base, async_op, n, inline):
-        """Debug mode: send the header (inline data included) and the call site, then the data.
+    # -- receives --------------------------------------------------------------------
 
-        A blocking send of more than VERDICT_AFTER bytes, which waits for the
-        receiver in any MPI, first waits for the receiver's verdict and sends
-        its data only if the receiver agrees: both ranks then raise a
-        mismatch.  Any other send (inline, eager-sized or immediate) goes on
-        without it, so debug mode never adds a wait that could deadlock a ring
-        of sends; the receiver raises the mismatch, naming both call sites,
-        and drains the data.
-        """
-        from spmd.failfast.calls import caller
+    @overload
+    def recv(self, src: int | None = None, tag: int = 0, *, out: None = None, status: Literal[False] = False,
+             async_op: Literal[False] = False) -> Array: ...
+    @overload
+    def recv(self, src: int | None = None, tag: int = 0, *, out: ArrayT, status: Literal[False] = False,
+             async_op: Literal[False] = False) -> ArrayT: ...
+    @overload
+    def recv(self, src: int | None = None, tag: int = 0, *, out: Array | None = None, status: Literal[True],
+             async_op: Literal[False] = False) -> tuple[Array, int, int]: ...
+    @overload
+    def recv(self, src: int | None = None, tag: int = 0, *, out: Array | None = None, status: bool = False,
+             async_op: Literal[True]) -> Received: ...
 
-        waits = not async_op and n > VERDICT_AFTER
-        self._send(self._packed(header, c, n) if inline else header, dst, base + HEADER, False)
-        self._send_bytes(("1" if waits else "0") + caller(), dst, base + WHERE)
-        if waits:
-            verdict = self._recv_bytes(dst, base + VERDICT)
-            if verdict:
-                raise CollectiveError(verdict)
-        if n and not inline:
-            if async_op:
-                work = self._send(c, dst, base + DATA, True)
-                return Handle(lambda: self._progressing([work]), lambda: all_done([work]), lambda: (c, None)[1])
-            self._send(c, dst, base + DATA, False)
-        return _Finished(None) if async_op else None
-
-    # -- receives ----------------------------------------------------------------------
-
-    def recv(self, src=None, tag=0, *, out=None, status=False, async_op=False):
+    def recv(self, src: int | None = None, tag: int = 0, *, out: Array | None = None, status: bool = False,
+             async_op: bool = False) -> Any:
         """Receive an array from rank src (None: from any rank) sent with this tag.
 
         Returns the array as sent (a new numpy array or torch tensor of
@@ -239,7 +144,7 @@ class PointToPoint:
         got, source = self._call(self._recv_message, (src, tag, out, plan), "recv", out, src, tag, collective=False)
         return (got, source, tag) if status else got
 
-    def irecv(self, src=None, tag=0, *, out=None):
+    def irecv(self, src: int | None = None, tag: int = 0, *, out: Array | None = None) -> Received:
         """Start a receive; return a handle whose ``wait()`` gives the array, then has ``source`` and ``tag``."""
         return self.recv(src, tag, out=out, async_op=True)
 
@@ -312,60 +217,15 @@ class PointToPoint:
             if w is not None:
                 w.wait()
 
-    def _prepare(self, header, source, base, out):
-        """The header from source has come: return (the buffer its data goes into, the result, error or None)."""
-        header = header[: meta.WIDTH]
-        kind, dtype, shape = self._descs.message(header)
-        error = None
-        if out is not None and (self._descs.row(out)[0][1:].tobytes() != header[1:].tobytes()):
-            error = (
-                f"recv from rank {source} (tag {base // TAG_STRIDE}): out is a {dtype_name(out)} array of "
-                f"shape {tuple(out.shape)} but rank {source} sent {dtype} of shape {shape}; pass out of that "
-                "dtype and shape, or no out to get a new array"
-            )
-        if self._mon.debug and source != self.rank:
-            from spmd.failfast.calls import caller
+    # -- both ways -------------------------------------------------------------------
 
-            where = self._recv_bytes(source, base + WHERE)
-            waits, where = where[:1] == "1", where[1:]
-            if error:
-                error += f" (send at {where}; recv at {caller()})"
-            if waits:  # the sender waits for this verdict, and sends no data on a mismatch
-                self._send_bytes(error or "", source, base + VERDICT)
-                if error:
-                    raise CollectiveError(error)
-        if error:  # the data is drained into a sink, so the next message with this tag matches
-            return self._p2p_array("numpy", dtype, shape), None, error
-        result = self._p2p_array(kind, dtype, shape) if out is None else out
-        return result, result, None
+    @overload
+    def sendrecv(self, x: Array, dst: int, src: int | None = None, tag: int = 0, *, out: None = None) -> Array: ...
+    @overload
+    def sendrecv(self, x: Array, dst: int, src: int | None = None, tag: int = 0, *, out: ArrayT) -> ArrayT: ...
 
-    def _send_bytes(self, text, dst, tag):
-        """Send a small text message (debug mode's call sites and verdicts): its length, then its bytes."""
-        data = np.frombuffer(text.encode(), np.uint8)
-        self._send(np.array([data.nbytes], np.int64), dst, tag, False)
-        if data.nbytes:
-            self._send(data, dst, tag, False)
-
-    def _recv_bytes(self, src, tag):
-        """Receive a small text message (debug mode's call sites and verdicts)."""
-        size = np.empty(1, np.int64)
-        self._recv(size, src, tag, False)
-        data = np.empty(int(size[0]), np.uint8)
-        if data.nbytes:
-            self._recv(data, src, tag, False)
-        return data.tobytes().decode()
-
-    def _p2p_array(self, kind, dtype, shape):
-        """A new array for a received message: numpy, or a torch tensor on this backend's device."""
-        if kind == "numpy":
-            return np.empty(shape, dtype=dtype)
-        import torch
-
-        return torch.empty(shape, dtype=getattr(torch, dtype), device=self.device)
-
-    # -- both ways ------------------------------------------------------------------------
-
-    def sendrecv(self, x, dst, src=None, tag=0, *, out=None):
+    def sendrecv(self, x: Array, dst: int, src: int | None = None, tag: int = 0, *,
+                 out: Array | None = None) -> Array:
         """Send x to dst and receive from src (None: any rank) in one call; return the array received.
 
         Deadlock-free when every rank calls it at once (rings, halo
@@ -381,54 +241,3 @@ class PointToPoint:
         got = self.recv(src, tag, out=out)
         sending.wait()
         return got
-
-    def send_object(self, obj, dst, tag=0):
-        """Send a picklable object to rank dst (any size, over 2 GiB included)."""
-        data = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
-        self.send(data, dst, tag)
-
-    def recv_object(self, src=None, tag=0, *, status=False):
-        """Receive an object sent with send_object; with ``status=True`` return ``(obj, source, tag)``."""
-        data, source, tag = self.recv(src, tag, status=True)
-        obj = pickle.loads(data.tobytes() if is_tensor(data) else memoryview(data))
-        return (obj, source, tag) if status else obj
-
-
-class _Plan:
-    """A message of one (type, dtype, shape) on one communicator, worked out once.
-
-    Its header row; the row's bytes after the kind (what a receive into
-    ``out`` compares); its data's size and whether it goes inline; and,
-    inline, a scratch message with the header filled in for blocking
-    sends, with numpy views of its data and of the communicator's receive
-    header's data in x's dtype and shape (numpy dtypes: one copy each).
-    """
-
-    __slots__ = ("row", "tail", "nbytes", "inline", "scratch", "sending", "receiving", "cpu_tensor",
-                 "sending_at", "receiving_at")
-
-    def __init__(self, comm, x):
-        row = self.row = comm._descs.row(x)[0]
-        self.tail, self.nbytes = row.tobytes()[8:], _nbytes(x)
-        self.inline = 0 < self.nbytes <= comm._inline_bytes
-        self.scratch = self.sending = self.receiving = None
-        self.cpu_tensor = False  # a CPU tensor's bytes are copied by address (memmove)
-        self.sending_at = self.receiving_at = 0
-        if self.inline:
-            self.scratch = np.empty(HEADER_BYTES + self.nbytes, np.uint8)
-            self.scratch[:HEADER_BYTES] = row.view(np.uint8)
-            received = comm._recv_header.view(np.uint8)[HEADER_BYTES : HEADER_BYTES + self.nbytes]
-            if isinstance(x.dtype, np.dtype):
-                self.sending = self.scratch[HEADER_BYTES:].view(x.dtype).reshape(x.shape)
-                self.receiving = received.view(x.dtype).reshape(x.shape)
-            elif is_tensor(x) and x.is_cpu:
-                self.cpu_tensor = True
-                self.sending_at = self.scratch[HEADER_BYTES:].ctypes.data
-                self.receiving_at = received.ctypes.data
-
-
-class _Finished(Handle):
-    __slots__ = ()
-
-    def __init__(self, result):
-        self._done, self._result = True, result
