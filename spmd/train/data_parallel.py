@@ -9,10 +9,9 @@
             optimizer.zero_grad()
 
 Buckets are planned and packed in :mod:`spmd.train.buckets` and sent by
-:mod:`spmd.train.overlap`'s scheduler; the checkpoint functions come from
-:mod:`spmd.train.checkpoint`.  docs/training.md describes what the averages
-are, the buckets, overlap and unused parameters.  Importing this module
-imports torch; ``import spmd`` does not import it.
+:mod:`spmd.train.overlap`'s scheduler; checkpoints are :mod:`spmd.train.checkpoint`'s.
+docs/training.md describes the averages, buckets, overlap and unused
+parameters.  Importing this module imports torch; ``import spmd`` does not.
 """
 
 from __future__ import annotations
