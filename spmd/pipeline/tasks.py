@@ -110,7 +110,7 @@ def fixed_batches(compute, features, dtype, batch=BATCH):
     size of the block around it, which makes a matrix product's result
     for a row independent of how rows were batched. (This rests on the
     kernel treating every row of the buffer alike, as MKL under torch and
-    OpenBLAS under numpy do; tests/pipeline/test_run.py checks it bitwise.)
+    OpenBLAS under numpy do; tests/pipeline/test_tasks.py checks it bitwise.)
     """
     dtype = np.dtype(dtype)
     raw = np.zeros(batch * features * dtype.itemsize + 64, np.uint8)

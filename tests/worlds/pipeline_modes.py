@@ -1,6 +1,6 @@
-"""Pipeline v2 in one world: every read, write, balance and overlap mode gives the same bytes.
+"""Every read, write, balance and overlap mode of the pipeline gives the same bytes, in one world.
 
-Run under a launcher at 3 ranks (tests/pipeline/test_parallel.py): python pipeline_modes.py WORKDIR.
+Run under a launcher at 3 ranks (tests/pipeline/test_run.py): python pipeline_modes.py WORKDIR.
 Every rank prints CASE lines; rank 0 prints "MODES OK" at the end. Every
 check that fails raises, which the launcher turns into a failed job.
 """

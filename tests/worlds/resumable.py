@@ -1,4 +1,4 @@
-"""A slow resumable pipeline, to be killed with SIGKILL halfway and run again (tests/pipeline/test_parallel.py).
+"""A slow resumable pipeline, to be killed with SIGKILL halfway and run again (tests/pipeline/test_journal.py).
 
     python resumable.py OUTPUT ROWS CHUNK [SECONDS_PER_ROUND]
 
