@@ -4,11 +4,19 @@ A mixin of :class:`~spmd.comms.base.Comm`, which declares the hooks and
 the bookkeeping (``_call``, ``_describing``) these methods go through.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Literal, Sequence, overload
+
 from spmd.errors import CollectiveError
 from spmd.comms.state import meta
 from spmd.comms.arrays import check_array, check_op, split_sizes
 from spmd.comms.handle import Done
 from spmd.comms.state.meta import Layout
+
+if TYPE_CHECKING:
+    from spmd.comms.handle import Handle
+    from spmd.comms.types import ArrayT, Op
 
 __all__ = ["Collectives"]
 
@@ -16,7 +24,14 @@ __all__ = ["Collectives"]
 class Collectives:
     """broadcast, reduce, all_reduce, scatter, gather, all_gather, barrier, and more."""
 
-    def broadcast(self, x, root=0, async_op=False):
+    @overload
+    def broadcast(self, x: ArrayT, root: int = 0, async_op: Literal[False] = False) -> ArrayT: ...
+    @overload
+    def broadcast(self, x: ArrayT, root: int = 0, *, async_op: Literal[True]) -> Handle[ArrayT]: ...
+    @overload
+    def broadcast(self, x: ArrayT, root: int = 0, async_op: bool = False) -> ArrayT | Handle[ArrayT]: ...
+
+    def broadcast(self, x: ArrayT, root: int = 0, async_op: bool = False) -> ArrayT | Handle[ArrayT]:
         """Copy root's x into x on every rank, in place; return x."""
         root = self._root(root)
         if not async_op and not self._mon.active:
@@ -26,7 +41,14 @@ class Collectives:
                 return x
         return self._call(self._broadcast, (self._array(x), root, async_op), "broadcast", x, root, None, async_op)
 
-    def reduce(self, x, root=0, op="sum", async_op=False):
+    @overload
+    def reduce(self, x: ArrayT, root: int = 0, op: Op = "sum", async_op: Literal[False] = False) -> ArrayT: ...
+    @overload
+    def reduce(self, x: ArrayT, root: int = 0, op: Op = "sum", *, async_op: Literal[True]) -> Handle[ArrayT]: ...
+    @overload
+    def reduce(self, x: ArrayT, root: int = 0, op: Op = "sum", async_op: bool = False) -> ArrayT | Handle[ArrayT]: ...
+
+    def reduce(self, x: ArrayT, root: int = 0, op: Op = "sum", async_op: bool = False) -> ArrayT | Handle[ArrayT]:
         """Combine x over ranks into root's x, in place; other ranks' x stay unchanged."""
         root = self._root(root)
         if not async_op and not self._mon.active:
@@ -37,7 +59,24 @@ class Collectives:
         op = check_op(op, self._array(x))
         return self._call(self._reduce, (x, root, op, async_op), "reduce", x, root, op, async_op)
 
-    def all_reduce(self, x, op="sum", async_op=False, chunk_bytes=None):
+    @overload
+    def all_reduce(self, x: ArrayT, op: Op = "sum", async_op: Literal[False] = False,
+                   chunk_bytes: int | None = None) -> ArrayT: ...
+    @overload
+    def all_reduce(self, x: ArrayT, op: Op = "sum", *, async_op: Literal[True],
+                   chunk_bytes: int | None = None) -> Handle[ArrayT]: ...
+    @overload
+    def all_reduce(self, x: Sequence[ArrayT], op: Op = "sum", async_op: Literal[False] = False,
+                   chunk_bytes: int | None = None) -> Sequence[ArrayT]: ...
+    @overload
+    def all_reduce(self, x: Sequence[ArrayT], op: Op = "sum", *, async_op: Literal[True],
+                   chunk_bytes: int | None = None) -> Handle[Sequence[ArrayT]]: ...
+    @overload
+    def all_reduce(self, x: ArrayT | Sequence[ArrayT], op: Op = "sum", async_op: bool = False,
+                   chunk_bytes: int | None = None) -> Any: ...
+
+    def all_reduce(self, x: ArrayT | Sequence[ArrayT], op: Op = "sum", async_op: bool = False,
+                   chunk_bytes: int | None = None) -> Any:
         """Combine x over ranks into every rank's x, in place; return x.
 
         x may be a list of arrays: they are reduced as one flat buffer per
@@ -63,7 +102,18 @@ class Collectives:
                 return Done(result) if async_op else result
         return self._call(self._all_reduce, (x, op, async_op), "all_reduce", x, None, op, async_op)
 
-    def scatter(self, chunks=None, root=0, async_op=False, *, equal=False, out=None):
+    @overload
+    def scatter(self, chunks: ArrayT | Sequence[ArrayT] | None = None, root: int = 0,
+                async_op: Literal[False] = False, *, equal: bool = False, out: ArrayT | None = None) -> ArrayT: ...
+    @overload
+    def scatter(self, chunks: ArrayT | Sequence[ArrayT] | None = None, root: int = 0, *, async_op: Literal[True],
+                equal: bool = False, out: ArrayT | None = None) -> Handle[ArrayT]: ...
+    @overload
+    def scatter(self, chunks: ArrayT | Sequence[ArrayT] | None = None, root: int = 0, async_op: bool = False, *,
+                equal: bool = False, out: ArrayT | None = None) -> ArrayT | Handle[ArrayT]: ...
+
+    def scatter(self, chunks: ArrayT | Sequence[ArrayT] | None = None, root: int = 0, async_op: bool = False, *,
+                equal: bool = False, out: ArrayT | None = None) -> ArrayT | Handle[ArrayT]:
         """Send root's i-th chunk to rank i and return this rank's chunk.
 
         On root, chunks is a list of ``size`` arrays, or one array split
@@ -149,7 +199,18 @@ class Collectives:
             self._check_out(out, *self._kind_dtype(x), (sum(lengths),) + tuple(x.shape[1:]), what)
         return out
 
-    def gather(self, x, root=0, async_op=False, *, equal=False, out=None):
+    @overload
+    def gather(self, x: ArrayT, root: int = 0, async_op: Literal[False] = False, *, equal: bool = False,
+               out: ArrayT | None = None) -> list[ArrayT] | None: ...
+    @overload
+    def gather(self, x: ArrayT, root: int = 0, *, async_op: Literal[True], equal: bool = False,
+               out: ArrayT | None = None) -> Handle[list[ArrayT] | None]: ...
+    @overload
+    def gather(self, x: ArrayT, root: int = 0, async_op: bool = False, *, equal: bool = False,
+               out: ArrayT | None = None) -> list[ArrayT] | None | Handle[list[ArrayT] | None]: ...
+
+    def gather(self, x: ArrayT, root: int = 0, async_op: bool = False, *, equal: bool = False,
+               out: ArrayT | None = None) -> list[ArrayT] | None | Handle[list[ArrayT] | None]:
         """Collect every rank's x on root: a list on root, None elsewhere.
 
         Lengths along dim 0 may differ between ranks.  With ``equal=True``
@@ -170,7 +231,18 @@ class Collectives:
         op = "equal" if equal else None
         return self._call(self._gather, (x, lengths, root, out, async_op), "gather", x, root, op, async_op)
 
-    def all_gather(self, x, async_op=False, *, equal=False, out=None):
+    @overload
+    def all_gather(self, x: ArrayT, async_op: Literal[False] = False, *, equal: bool = False,
+                   out: ArrayT | None = None) -> list[ArrayT]: ...
+    @overload
+    def all_gather(self, x: ArrayT, *, async_op: Literal[True], equal: bool = False,
+                   out: ArrayT | None = None) -> Handle[list[ArrayT]]: ...
+    @overload
+    def all_gather(self, x: ArrayT, async_op: bool = False, *, equal: bool = False,
+                   out: ArrayT | None = None) -> list[ArrayT] | Handle[list[ArrayT]]: ...
+
+    def all_gather(self, x: ArrayT, async_op: bool = False, *, equal: bool = False,
+                   out: ArrayT | None = None) -> list[ArrayT] | Handle[list[ArrayT]]:
         """Collect every rank's x on every rank, as a list in rank order.
 
         ``equal`` and ``out`` work as for :meth:`gather`.
@@ -184,7 +256,7 @@ class Collectives:
         op = "equal" if equal else None
         return self._call(self._all_gather, (x, lengths, out, async_op), "all_gather", x, None, op, async_op)
 
-    def barrier(self):
+    def barrier(self) -> None:
         """Block until every rank has called barrier."""
         self._call(self._barrier, (), "barrier")
 

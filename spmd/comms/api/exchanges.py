@@ -4,6 +4,10 @@ A mixin of :class:`~spmd.comms.base.Comm`, which declares the hooks
 (``_all_to_all``, ``_reduce_scatter``, ``_scan``) and the bookkeeping.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Literal, Sequence, overload
+
 import numpy as np
 
 from spmd.errors import CollectiveError
@@ -11,6 +15,9 @@ from spmd.comms.state import meta
 from spmd.comms.arrays import check_op, dtype_name, is_tensor, split_sizes
 from spmd.comms.handle import Handle
 from spmd.comms.state.meta import Layout
+
+if TYPE_CHECKING:
+    from spmd.comms.types import ArrayT, Op
 
 __all__ = ["Exchanges", "identity"]
 
@@ -53,7 +60,18 @@ def identity(x, op):
 class Exchanges:
     """all_to_all, reduce_scatter, scan, exscan."""
 
-    def all_to_all(self, chunks, *, equal=False, out=None, async_op=False):
+    @overload
+    def all_to_all(self, chunks: ArrayT | Sequence[ArrayT], *, equal: bool = False, out: ArrayT | None = None,
+                   async_op: Literal[False] = False) -> list[ArrayT]: ...
+    @overload
+    def all_to_all(self, chunks: ArrayT | Sequence[ArrayT], *, equal: bool = False, out: ArrayT | None = None,
+                   async_op: Literal[True]) -> Handle[list[ArrayT]]: ...
+    @overload
+    def all_to_all(self, chunks: ArrayT | Sequence[ArrayT], *, equal: bool = False, out: ArrayT | None = None,
+                   async_op: bool = False) -> list[ArrayT] | Handle[list[ArrayT]]: ...
+
+    def all_to_all(self, chunks: ArrayT | Sequence[ArrayT], *, equal: bool = False, out: ArrayT | None = None,
+                   async_op: bool = False) -> list[ArrayT] | Handle[list[ArrayT]]:
         """Send chunk j to rank j and return the list of chunks received, in rank order.
 
         chunks is a list of ``size`` arrays (lengths along dim 0 may
@@ -106,7 +124,14 @@ class Exchanges:
             raise CollectiveError(f"{what}: cannot split a 0-d array; pass a list of chunks")
         return None, chunks, split_sizes(chunks.shape[0], self.size)
 
-    def reduce_scatter(self, x, op="sum", async_op=False):
+    @overload
+    def reduce_scatter(self, x: ArrayT, op: Op = "sum", async_op: Literal[False] = False) -> ArrayT: ...
+    @overload
+    def reduce_scatter(self, x: ArrayT, op: Op = "sum", *, async_op: Literal[True]) -> Handle[ArrayT]: ...
+    @overload
+    def reduce_scatter(self, x: ArrayT, op: Op = "sum", async_op: bool = False) -> ArrayT | Handle[ArrayT]: ...
+
+    def reduce_scatter(self, x: ArrayT, op: Op = "sum", async_op: bool = False) -> ArrayT | Handle[ArrayT]:
         """Reduce x over ranks and return this rank's block of the result.
 
         x is split along dim 0 the way ``numpy.array_split`` does; rank i
@@ -119,11 +144,25 @@ class Exchanges:
         lengths = split_sizes(x.shape[0], self.size)
         return self._call(self._reduce_scatter, (x, lengths, op, async_op), "reduce_scatter", x, None, op, async_op)
 
-    def scan(self, x, op="sum", async_op=False):
+    @overload
+    def scan(self, x: ArrayT, op: Op = "sum", async_op: Literal[False] = False) -> ArrayT: ...
+    @overload
+    def scan(self, x: ArrayT, op: Op = "sum", *, async_op: Literal[True]) -> Handle[ArrayT]: ...
+    @overload
+    def scan(self, x: ArrayT, op: Op = "sum", async_op: bool = False) -> ArrayT | Handle[ArrayT]: ...
+
+    def scan(self, x: ArrayT, op: Op = "sum", async_op: bool = False) -> ArrayT | Handle[ArrayT]:
         """Replace x, in place, by the reduction of x over ranks 0 to this rank (inclusive prefix); return x."""
         return self._prefix(x, op, False, async_op, "scan")
 
-    def exscan(self, x, op="sum", async_op=False):
+    @overload
+    def exscan(self, x: ArrayT, op: Op = "sum", async_op: Literal[False] = False) -> ArrayT: ...
+    @overload
+    def exscan(self, x: ArrayT, op: Op = "sum", *, async_op: Literal[True]) -> Handle[ArrayT]: ...
+    @overload
+    def exscan(self, x: ArrayT, op: Op = "sum", async_op: bool = False) -> ArrayT | Handle[ArrayT]: ...
+
+    def exscan(self, x: ArrayT, op: Op = "sum", async_op: bool = False) -> ArrayT | Handle[ArrayT]:
         """Replace x, in place, by the reduction of x over ranks 0 to this rank - 1; return x.
 
         Rank 0 gets the op's identity: 0 for sum, 1 for prod, the dtype's

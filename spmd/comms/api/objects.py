@@ -3,7 +3,14 @@
 A mixin of :class:`~spmd.comms.base.Comm`.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Sequence
+
 from spmd.errors import CollectiveError
+
+if TYPE_CHECKING:
+    from spmd.comms.base import Comm
 
 __all__ = ["Objects"]
 
@@ -11,21 +18,21 @@ __all__ = ["Objects"]
 class Objects:
     """broadcast_object, gather_object, all_gather_object, scatter_object, split."""
 
-    def broadcast_object(self, obj, root=0):
+    def broadcast_object(self, obj: Any, root: int = 0) -> Any:
         """Return root's obj on every rank (pickled)."""
         root = self._root(root)
         return self._call(self._broadcast_object, (obj, root), "broadcast_object", None, root)
 
-    def gather_object(self, obj, root=0):
+    def gather_object(self, obj: Any, root: int = 0) -> list[Any] | None:
         """Return the list of every rank's obj on root, None elsewhere."""
         root = self._root(root)
         return self._call(self._gather_object, (obj, root), "gather_object", None, root)
 
-    def all_gather_object(self, obj):
+    def all_gather_object(self, obj: Any) -> list[Any]:
         """Return the list of every rank's obj on every rank."""
         return self._call(self._all_gather_object, (obj,), "all_gather_object")
 
-    def scatter_object(self, objs=None, root=0):
+    def scatter_object(self, objs: Sequence[Any] | None = None, root: int = 0) -> Any:
         """Return this rank's item of root's list of size objects."""
         root = self._root(root)
         error = None
@@ -41,7 +48,8 @@ class Objects:
 
     # -- sub-communicators -----------------------------------------------------
 
-    def split(self, color=0, key=None, *, ranks=None):
+    def split(self, color: int | None = 0, key: int | None = None, *,
+              ranks: Sequence[int] | None = None) -> Comm | None:
         """Split into sub-communicators, MPI_Comm_split style.
 
         Ranks passing the same color form one communicator, ordered by
