@@ -1,25 +1,11 @@
 """How a point is timed, and the sweep over collectives, sizes and rounds.
 
-Method (nccl-tests' loop, OSU's max over ranks):
-
-1. Warm-up: one call, then enough calls to fill about 10 ms.  The
-   slowest rank's time per call then fixes, for every round, k (calls
-   per sample, so that a sample lasts about 2 ms) and the number of
-   samples per round (about ``target`` seconds' worth, 2 to 200).
-2. A sample: barrier, then k back-to-back calls between two clock
-   reads; the sample is the slowest rank's time divided by k.
-3. Rounds: for each size, every implementation takes its turn, in an
-   order rotated each round, ``rounds`` times, so load from other
-   processes falls on all of them alike.  Rounds after the first begin
-   with a short untimed warm-up.
-4. Reported: the median and the 10th and 90th percentiles of all
-   samples; algbw = bytes / median time; busbw = algbw times
-   nccl-tests' factor for the collective.
-
-Before timing, each implementation runs once on small buffers holding
-rank-dependent values and its result is checked.  In a world of one
-(``--alone``) ``clock="cpu"`` times with the process's CPU clock, which
-other jobs on the machine barely disturb.
+nccl-tests' loop with OSU's max over ranks: a warm-up fixes the calls per
+sample; a sample is a barrier then k back-to-back calls, the slowest rank's
+time divided by k; every implementation takes its turn per size in an order
+rotated each round; reported are the median and p10/p90 of all samples,
+algbw and busbw.  Each implementation's result is checked before it is timed.
+The whole method: docs/bench.md.
 """
 
 import gc

@@ -1,25 +1,10 @@
 """``spmd bench --pipeline``: spmd.pipeline beside the tools a user would pick instead.
 
-The same work (the main job's: 1,000,000 x 16 synthetic rows, the mlp
-task, rounds of 131072 rows, every result back to root and checksummed
-there) through spmd.pipeline in its modes, a hand-written mpi4py
-Scatterv/Gatherv loop, multiprocessing.Pool.imap and
-mpi4py.futures.MPIPoolExecutor.map, each launched on its own
-(:mod:`spmd.bench.pipeline_worker`) at 1, 2, 4 and 8 ranks, interleaved:
-every repeat runs every case once, in the same order. The table shows
-medians over the repeats of the seconds from the first read to the last
-result on root, and ratios against one process and, at the same ranks,
-against the mpi4py loop and Pool.
-
-Two more scenarios: ``busy`` (two ranks pinned one per core, busy
-processes sharing rank 1's core; balance even against speed) and
-``memory`` (root's peak resident memory above its size when the clock
-started, at several input sizes, against one round's input plus output).
-
-MPIPoolExecutor runs with MPI4PY_FUTURES_BACKOFF=0: with its default
-(1 ms backoff) its idle workers sleep between polls and the same work
-took 4.8-13 s here instead of 0.7. It needs two processes at least (a
-master and a worker), so it has no 1-rank column.
+The main job's work (1,000,000 x 16 synthetic rows, the mlp task) through
+spmd.pipeline in its modes, a hand-written mpi4py Scatterv/Gatherv loop,
+multiprocessing.Pool.imap and mpi4py.futures.MPIPoolExecutor.map, each launched
+on its own (:mod:`spmd.bench.pipeline_worker`) at 1, 2, 4 and 8 ranks,
+interleaved; plus the ``busy`` and ``memory`` scenarios.  Method: docs/bench.md.
 """
 
 import json

@@ -4,21 +4,9 @@
     python -m spmd.bench.pipeline_worker serial|pool ROWS CHUNK ...     (no launcher; pool: N workers)
     mpirun -n N python -m mpi4py.futures -m spmd.bench.pipeline_worker mpipool ROWS CHUNK ...
 
-The work is the main job's: a SyntheticTable of ROWS x 16 (seed 0), the
-``mlp`` task, rounds of CHUNK rows, every result back to root in row
-order, where its checksum (spmd.pipeline.checksum, the same kind for all) is
-computed. Root prints one line, ``PIPELINE_BENCH {json}``: the seconds
-from the first read to the last result on root (imports, the world's
-start and building fn are done before the clock starts), the output's
-checksum, root's peak resident memory above its size when the clock
-started, and the rows each rank computed.
-
-Implementations: ``serial`` (one process, one thread: read, fn,
-checksum), ``spmd`` (spmd.pipeline with OPTIONS: read, write, balance,
-overlap), ``mpi4py`` (a hand-written loop: root reads a round, Scatterv,
-fn, Gatherv), ``pool`` (multiprocessing.Pool(N).imap over blocks the
-parent reads), ``mpipool`` (mpi4py.futures.MPIPoolExecutor.map: rank 0
-reads and hands blocks to N-1 workers as they come free).
+IMPL is serial, spmd, mpi4py, pool or mpipool; root prints one line,
+``PIPELINE_BENCH {json}`` (seconds, checksum, peak memory, rows per rank).
+What each implementation does and what is timed: docs/bench.md.
 """
 
 import json

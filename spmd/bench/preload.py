@@ -1,28 +1,10 @@
 """What ``spmd run --preload torch`` saves: a job's start against an empty script and mpirun.
 
 ``python -m spmd.bench.preload [-n 8] [--repeats 3] [--job jobs/scatter_gather.py]``
-runs these scenarios interleaved, repeat after repeat, each a separate
-launch, and reports the median of each:
-
-    empty     spmd run -n N empty.py                       wall
-    preload   spmd run -n N --preload torch JOB            first collective, wall
-    kept      spmd run -n N --preload torch --preload-keep 60 JOB
-                                                           first collective, wall
-    spawn     spmd run -n N JOB                            first collective, wall
-    mpirun    mpirun -n N python JOB                       first collective, wall
-
-"first collective" is the slowest rank's end of its first spmd collective
-minus the moment the launcher was started: every rank runs JOB through a
-small wrapper that stamps that moment into a file of its own.  "wall" is
-the launcher's exit, "cpu" the user and system seconds of the launcher
-and everything it started.  The targets: preload's first collective
-within 2x the empty script's wall, and preload's wall at most half of
-mpirun's.
-
-kept's server is warmed by one untimed launch before the first repeat, in
-a directory of the benchmark's own (XDG_RUNTIME_DIR), and stopped at the
-end (its socket removed); its cpu leaves out the server's, which is no
-child of the launcher.
+runs the scenarios empty, preload, kept, spawn and mpirun interleaved, each a
+separate launch, and reports the median of each: the first collective (the
+slowest rank's, from the launcher's start), the wall time and the CPU time.
+The scenarios, the targets and how the kept server is warmed: docs/bench.md.
 """
 
 import argparse

@@ -2,31 +2,10 @@
 
     python -m spmd.bench.train [--ranks 1,2,4] [--repeats 5] [--steps 30] [--json train.json]
 
-jobs/train_dp.py's TinyBert (dim 256, 4 layers: about 3.2 M parameters),
-global batch 64, AdamW, seed 0, every case from the same parameters on
-the same data, each launch on its own (:mod:`spmd.bench.train_worker`
-describes what one launch measures and how):
-
-    spmd gloo, spmd gloo overlap, spmd gloo bf16    DataParallel, SPMD_BACKEND=gloo
-    spmd mpi, spmd mpi overlap, spmd mpi bf16       DataParallel, SPMD_BACKEND=mpi (mpi4py)
-    DDP gloo                                        DistributedDataParallel on the gloo group
-                                                    spmd.init() starts (find_unused_parameters)
-
-Interleaved: each repeat runs, for each rank count, every case once
-(warm-up steps, then the timed steps).  A launch's step time is, per
-step, its slowest rank's; the launch reports the median over its timed
-steps.  The table gives the median of the repeats' medians, their spread
-((max - min) / median: within 5% or not), samples/s, the speed against
-DDP at the same ranks, and the step's parts (means over ranks and timed
-steps; "comm" is the communication not hidden behind backward:
-backward + sync - the local backward of a no_sync probe of the same
-batch).  For overlap, the hidden fraction of the gradient communication
-two ways: by the wait (1 - overlap's sync / the sync without overlap)
-and net (1 - overlap's comm / the comm without overlap, charging what
-the hooks and the communication's CPU cost backward).
-
-A separate run of --loss-steps steps (default 200) at 2 ranks gives the
-loss with compress="bf16" beside fp32.
+jobs/train_dp.py's TinyBert under DataParallel (gloo and mpi; plain, overlap,
+bf16) and DDP on gloo, each launch on its own (:mod:`spmd.bench.train_worker`),
+interleaved over repeats; the table gives medians of the repeats' medians,
+their spread, the speed against DDP and the step's parts.  Method: docs/bench.md.
 """
 
 import argparse

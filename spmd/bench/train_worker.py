@@ -2,42 +2,11 @@
 
     SPMD_BACKEND=gloo|mpi mpirun -n N python -m spmd.bench.train_worker '{"impl": "spmd", ...}'
 
-The options (JSON, every key optional): ``impl`` "spmd" (spmd.data_parallel's
-DataParallel on spmd's communicator) or "ddp" (torch's
-DistributedDataParallel on torch.distributed's default group, the one
-``spmd.init()`` starts on gloo; a world of one gets a group of its own),
-``overlap``, ``compress``, ``bucket_mb`` (spmd), ``dim``, ``layers``,
-``heads``, ``global_batch``, ``seed``, ``warmup``, ``steps``, ``probe``,
-``mode`` ("time" or "loss").
-
-Every step trains on global batch number step of jobs/train_dp.py's data
-(rank_batches: each rank its slice), with AdamW; batches are made before
-the clock starts.  In "time" mode each step is timed in parts on every
-rank with perf_counter (CPU tensors: torch's ops have finished when they
-return):
-
-    forward    the model and the loss
-    backward   loss.backward(): for DDP this includes waiting for its
-               all_reduces (its reducer finishes them at the end of
-               backward); for spmd with overlap it includes the hooks that
-               pack and send buckets
-    sync       dp.synchronize() (spmd only): send what is left, wait, unpack
-    optimizer  optimizer.step() and zero_grad()
-
-With ``probe`` (default on), before each step the same batch runs once
-more, forward and backward inside ``no_sync()`` (no gradient is averaged,
-nothing is sent), then the gradients are dropped and the ranks meet at a
-barrier.  That probe's backward is the local backward, and every case's
-communication not hidden behind it is ``backward + sync - local
-backward``: the same definition for spmd and DDP, which charges the hooks
-and any CPU the communication takes from backward.  (The probe changes
-nothing the step computes: the gradients are set to None before it.)
-
-"loss" mode runs the steps untimed and reports every step's loss.  Rank 0
-prints one line, ``TRAIN_BENCH {json}``: per step and rank, the parts in
-seconds and the losses (each the mean of the ranks' losses, which is the
-global batch's mean: every sequence has the same number of masked
-tokens).
+``impl`` "spmd" (DataParallel) or "ddp" (DistributedDataParallel); each step is
+timed in parts (forward, backward, sync, optimizer) on every rank, with a
+no_sync probe of the same batch for the local backward; "loss" mode reports
+every step's loss.  Rank 0 prints one line, ``TRAIN_BENCH {json}``.  The options
+and the definitions of each part: docs/bench.md.
 """
 
 import contextlib

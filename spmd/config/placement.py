@@ -1,37 +1,13 @@
 """Find this process's place in the job (rank, size, node) from its launcher's environment.
 
-``detect(environ)`` reads only the mapping it is given. The first launcher whose rank
-or size variable is set wins, in this order:
-
-1. spmd's launcher: SPMD_RANK, SPMD_SIZE, SPMD_LOCAL_RANK, SPMD_LOCAL_SIZE,
-   SPMD_NODE_RANK, SPMD_NUM_NODES.
-2. torchrun, when TORCHELASTIC_RUN_ID is set (only torchrun sets it): a torchrun started
-   by srun or mpirun is the inner launcher; the SLURM_PROCID or OMPI_* its workers
-   inherit count torchrun agents, not workers.
-3. MPI: Open MPI (OMPI_COMM_WORLD_RANK/SIZE/LOCAL_RANK/LOCAL_SIZE; not
-   OMPI_COMM_WORLD_NODE_RANK, which is no node index), MVAPICH (MV2_COMM_WORLD_*, the
-   same four), MPICH, Hydra and Intel MPI (PMI_RANK, PMI_SIZE, MPI_LOCALRANKID,
-   MPI_LOCALNRANKS), PMIx (PMIX_RANK; Open MPI 4/5 sets it beside OMPI_*, which win).
-   PMIx exports no size: it comes from an srun step with the same SLURM_PROCID
-   (srun --mpi=pmix), else PMIX_RANK alone is an error.
-4. An srun step: SLURM_PROCID with SLURM_STEP_ID. A batch script's own process has
-   SLURM_PROCID=0 and SLURM_NTASKS but no SLURM_STEP_ID: plain python there is a world
-   of one. Size: SLURM_STEP_NUM_TASKS, else SLURM_NTASKS. Nodes: SLURM_STEP_NUM_NODES,
-   else SLURM_NNODES. Local size: SLURM_STEP_TASKS_PER_NODE, else SLURM_TASKS_PER_NODE
-   ("2(x4),1" is 2,2,2,2,1), at index SLURM_NODEID.
-5. RANK and WORLD_SIZE (torchrun, or set by hand), with LOCAL_RANK, LOCAL_WORLD_SIZE,
-   GROUP_RANK and GROUP_WORLD_SIZE.
-6. none: rank 0 of 1.
-
-Fields the winner does not give come from an srun step that agrees on rank and size,
-else are derived (rank // local_size: ranks fill nodes in order) or, with no hint at
-all, assumed to be one node; ``sources`` says which. A variable set to "" is unset.
-
-PlacementError, naming variables, values and the fix: half-set rank/size pairs, values
-that are not non-negative integers, rank >= size and the like, a tasks-per-node list
-that does not add up to the task count, a bad MASTER_PORT. A losing launcher's rank and
-size are ignored, with a note in ``conflicts`` when they disagree with the winner's
-(mpirun inside sbatch: every rank sees SLURM_PROCID=0).
+``detect(environ)`` reads only the mapping it is given and returns a frozen
+Placement whose ``sources`` say which variable gave each field.  The first launcher
+whose rank or size variable is set wins: spmd run (SPMD_*), torchrun (with
+TORCHELASTIC_RUN_ID), MPI (Open MPI, MVAPICH, MPICH/Hydra/Intel, PMIx), an srun
+step, RANK/WORLD_SIZE, else rank 0 of 1; a losing launcher that disagrees is noted
+in ``conflicts``.  Bad values raise PlacementError naming the variables and the
+fix.  Each launcher's variables and the precedence in full: docs/reference.md
+("Where a rank comes from").
 """
 
 from __future__ import annotations

@@ -1,23 +1,12 @@
 """Whole lines on stdout and stderr under every launcher: ``install``.
 
-Under mpirun and torchrun every rank writes into one pipe or file (torchrun
-hands the children its own; MPICH's proxies forward each read as it comes).
-Unbuffered (PYTHONUNBUFFERED=1) ``print`` writes its text and its newline
-apart, and buffered Python writes 8 KiB blocks that end mid-line, so lines
-of different ranks run into each other.  ``install`` puts a text stream over
-the same file descriptor in place of ``sys.stdout`` and ``sys.stderr`` that
-hands the kernel whole lines only, as one ``os.write`` each, several lines
-together up to ``PIPE_BUF`` bytes (which a pipe never splits), optionally
-prefixed with ``[rank] `` like ``spmd run``'s own prefix.
-
-A partial line (``print(..., end="")``) waits for its newline, for
-``flush()`` (``print(..., flush=True)``, ``input()``), or for the exit,
-where Python and spmd.failfast.abort flush both streams.  A stream that was
-unbuffered or line-buffered (a terminal, ``-u``) writes each line as it
-ends; a block-buffered one (stdout into a file or a pipe) writes its 8 KiB
-blocks up to their last newline, in pieces cut at newlines.  A single line
-longer than ``PIPE_BUF`` still goes out in one write, which the kernel may
-split on a pipe.
+Under mpirun and torchrun every rank writes into one pipe or file, and an
+unbuffered ``print`` writes its text and its newline apart, so lines of different
+ranks run into each other.  ``install`` puts a text stream over the same file
+descriptor in place of ``sys.stdout`` and ``sys.stderr`` that hands the kernel
+whole lines only, one ``os.write`` each, several together up to ``PIPE_BUF``
+bytes, optionally prefixed with ``[rank] ``.  What it guarantees: docs/reference.md
+("Output lines").
 """
 
 import io

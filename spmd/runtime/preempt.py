@@ -9,30 +9,9 @@
             save_checkpoint(step)
             break                           # exit 0: the batch file requeues the job
 
-``spmd submit --signal-before 120 --requeue`` makes SLURM signal the batch shell
-120 s before the time limit (``--signal=B:USR1@120``); the batch file passes the
-signal to every task and, after the tasks end, requeues the job, which then runs
-again from the start with SLURM_RESTART_COUNT=1, 2, ... and should resume from
-its checkpoint. The signal is SIGUSR1 unless SPMD_PREEMPT_SIGNAL names another
-(USR1, SIGUSR2, TERM, or a number).
-
-How the hook runs, and its caveats:
-
-- ``install()`` (called by ``on_preempt`` and ``preempted``) sets a Python signal
-  handler; it must run in the main thread, before the signal comes: a SIGUSR1
-  with no handler ends the process.
-- Python runs the handler in the main thread, between bytecodes. While the main
-  thread is inside one long C call (a blocking collective, a large matmul, a
-  read), the handler waits until that call returns.
-- The handler sets the flag, then runs the callbacks once, in registration
-  order; a later signal changes nothing. A callback that raises is reported on
-  stderr and the others still run. A callback registered after the signal runs
-  at once.
-- Callbacks interrupt whatever the main thread was doing, at a different point
-  on each rank: keep them short, and do not call collectives or take locks the
-  interrupted code may hold in them. Checkpoint in the training loop instead,
-  after ``any_preempted(comm)`` (which all ranks call at the same step).
-- A handler set earlier for the same signal still runs, after the callbacks.
+The signal is SIGUSR1 unless SPMD_PREEMPT_SIGNAL names another.  How the handler
+runs (main thread, between bytecodes), its caveats and ``spmd submit
+--signal-before``: docs/slurm.md ("Preemption").
 """
 
 from __future__ import annotations

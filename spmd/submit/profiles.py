@@ -1,27 +1,11 @@
 """Per-cluster defaults for ``spmd submit``, from TOML profiles.
 
-Two files are read, the later overriding the earlier:
-
-1. the user's ``$XDG_CONFIG_HOME/spmd/submit.toml`` (default ``~/.config/spmd/submit.toml``);
-2. the project's ``spmd-submit.toml``, the first found from the working directory upward.
-
-Each holds ``[profile.NAME]`` tables whose keys are ``spmd submit``'s long option
-names (``ntasks-per-node`` or ``ntasks_per_node``)::
-
-    [profile.default]            # used when no --profile is given
-    partition = "cpu"
-    time = "1:00:00"
-
-    [profile.gpu]
-    partition = "gpu"
-    gpus-per-node = 4
-    backend = "nccl"
-    setup = ["module load cuda/12.4", "source ~/venvs/torch/bin/activate"]
-    env = { NCCL_DEBUG = "WARN" }
-
-Command-line options override the profile. ``env`` tables merge by name;
-``setup`` lines and ``sbatch-options`` lists add up (user file, project file,
-command line, in that order).
+Read, the later overriding the earlier: ``$XDG_CONFIG_HOME/spmd/submit.toml``
+(default ``~/.config/spmd/submit.toml``), then the project's ``spmd-submit.toml``,
+the first found from the working directory upward.  Each holds ``[profile.NAME]``
+tables keyed by ``spmd submit``'s long option names; command-line options
+override them; ``env`` merges by name; ``setup`` and ``sbatch-options`` add up.
+The format and an example: docs/slurm.md ("Profiles").
 """
 
 from __future__ import annotations

@@ -1,41 +1,15 @@
 """Atomic file writes: a final output is either absent, the old file, or the new one, never a piece.
 
-Every file spmd writes as a result (pipeline outputs, checkpoints, the
-merged trace, bench JSON and plots, SLURM batch files and their records)
-goes through this module. A writer fills a temporary file in the
-target's directory, named::
+A writer fills ``.<target name>.spmd-tmp-<host>-<pid>-<random>`` in the target's
+directory, fsyncs it, renames it onto the target (``os.replace``; ``os.link`` for
+``exclusive=True``) and fsyncs the directory; an exception removes it.  The next
+write of a target removes the temporaries that dead processes of this host left
+(saying so once on stderr).  The guarantees and their limits: docs/reliability.md
+("Nothing lost").
 
-    .<target name>.spmd-tmp-<host>-<pid>-<random>
-
-then flushes and fsyncs it, renames it onto the target with
-``os.replace`` (``os.link`` for ``exclusive=True``: the target must not
-exist yet) and fsyncs the directory, so that a crash or power loss
-after the rename keeps the new file. On an exception the temporary is
-removed. A writer that streams a big output in pieces writes all of
-them into the temporary and renames once, at the end.
-
-A process killed with SIGKILL cannot remove its temporary. The next
-write of the same target removes the temporaries of that target left
-by processes of this host that are no longer alive, and says so in one
-line on stderr. It leaves alone those of a live process (even one of
-another user: ``os.kill(pid, 0)`` answers EPERM) and those of other
-hosts (a shared file system), whose pids mean nothing here. Limits: a
-pid reused since the crash keeps its dead owner's temporary until the
-pid is free again; two pid namespaces (containers) that share a host
-name and a directory cannot tell each other's pids apart, and a live
-writer whose temporary was removed fails at its rename, loudly, rather
-than write a piece.
-
-Use::
-
-    with atomic_write("out.json", text=True) as f:   # a file object
-        json.dump(doc, f)
-
-    with atomic_path("plot.png") as tmp:            # a path, for writers that open it themselves
-        fig.savefig(tmp, format="png")
-
-    out = AtomicFile("big.npy")                     # streamed: write, then commit() or discard()
-    out.file.write(header); ...; out.commit()
+    with atomic_write("out.json", text=True) as f: json.dump(doc, f)
+    with atomic_path("plot.png") as tmp: fig.savefig(tmp, format="png")
+    out = AtomicFile("big.npy"); out.file.write(header); ...; out.commit()
 """
 
 import contextlib
