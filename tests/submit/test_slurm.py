@@ -420,7 +420,7 @@ def _srun_fault(cluster, where, scenario, extra):
 
 @pytest.mark.timeout(400)
 def test_a_pipeline_killed_halfway_under_srun_resumes_at_another_size(cluster, tmp_path):
-    from tests.pipeline.test_parallel import CHUNK, ROWS, check_resumed
+    from tests.pipeline.test_journal import CHUNK, ROWS, check_resumed
 
     from spmd.pipeline import journal
     from spmd.pipeline.sinks import partial_path
