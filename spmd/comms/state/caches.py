@@ -1,27 +1,12 @@
 """Every piece of performance state a communicator keeps: one owner, a bound, an end.
 
-Each communicator owns one :class:`Caches` (``comm._caches``).  What it holds:
-
-========== ===================================================== =========================================
-name       what                                                   bound
-========== ===================================================== =========================================
-descs      description rows, checked lengths and scatter headers  ``Descriptions.LIMIT`` entries per table
-           per shape (:class:`~spmd.comms.state.meta.Descriptions`)     (a row is ``WIDTH + size`` int64)
-results    buffers of large results, handed out again once the    ``SPMD_KEEP_RESULTS`` bytes (default 1 GiB,
-           program drops them (:class:`~spmd.comms.state.results.       at most RAM/8 per rank on the node);
-           Results`); shared by a world and its sub-communicators one pool per process's world
-flat       the coalesced all_reduce's flat buffers and their      ``FLAT_COUNT`` lists, and the results
-           views, per list layout                                 pool's limit in bytes
-layouts    the mpi packer's committed datatypes per (addresses,   ``LAYOUT_COUNT`` layouts
-           sizes)
-plans      the mpi direct path's buffers and result views of       ``PLAN_COUNT`` plans, of tensors of at
-           small torch tensors (:mod:`~spmd.comms.state.plans`)          most ``plans.LIMIT`` bytes
-========== ===================================================== =========================================
-
-``clear()`` lets everything go (committed datatypes are freed) for this
-communicator and every one split from it; the runtime calls it at
-finalize.  ``switch(name, False)`` turns one cache off, for measuring
-what it is worth (``python -m spmd.bench.caches``; docs/performance.md).
+Each communicator owns one :class:`Caches` (``comm._caches``): description
+rows (``descs``), the results pool (``results``), the coalesced
+all_reduce's flat buffers (``flat``), the mpi packer's datatypes
+(``layouts``) and the mpi direct path's plans (``plans``), each bounded.
+``clear()`` lets everything go, at finalize; ``switch(name, False)`` turns
+one off.  The table of what each holds and its bound: docs/comms.md,
+"The caches".
 """
 
 import weakref

@@ -1,21 +1,11 @@
 """Kept direct-path calls on small torch tensors: their MPI buffers and result views, made once.
 
-For a torch tensor, the Python that reads its address for MPI costs about
-0.5 µs and each view of it 0.7-0.8 µs here: an ``all_gather(x, equal=True,
-out=buf)`` of 8 B spent 3.4 µs of its 4.5 on them, against 0.4 µs in
-MPI_Allgather itself.  A call repeated on the same small tensors (a metric
-gathered every step) finds its plan here instead.
-
+A call repeated on the same small tensors (a metric gathered every step)
+finds its plan here instead of reading addresses and making views again.
 A plan is found by the call's name, root and the identity of its tensors,
-and used only while every tensor it was made from is alive and still has
-the address and shape it had and is contiguous, and every view it hands out
-still has its shape: a tensor changed in place (``resize_``, ``set_``,
-``t_``, ``unsqueeze_``) or one that died and whose id was reused gets a new
-plan.  (The checks cost 0.1-0.2 µs a tensor; a dtype reinterpreted through
-``.data =`` at the same address and shape is not noticed.)  Only tensors of at most
-``LIMIT`` bytes are planned (above it MPI's time dwarfs the Python), so the
-views a plan keeps hold at most ``LIMIT`` bytes each alive after the
-program drops them, ``caches.PLAN_COUNT`` plans at a time.
+and used only while they are alive, unchanged and contiguous; only tensors
+of at most ``LIMIT`` bytes are planned.  What it costs and what it checks:
+docs/comms.md, "Plans".
 """
 
 import weakref

@@ -1,32 +1,11 @@
 """Arrays that scatter and the gathers return, reused once the program has dropped them.
 
-A fresh result costs page faults as it is first written: about 1.5 µs
-per 4 KiB page here, so a 16 MiB all_gather into new memory takes
-several times as long as into an existing buffer, which is what the raw
-libraries are given.  A loop that gathers the same shape every step
-drops each result when it assigns the next, so the pool keeps the
-buffers of large results and hands one back once nothing but the pool
-refers to it:
-
-- a numpy array: its reference count (every view, ``torch.from_numpy``,
-  memoryview and mpi4py request holds the array it came from);
-- a torch tensor: its reference count, and its storage's use count
-  (every view holds the storage).
-
-A buffer the program changed in place before dropping it (its shape,
-strides, dtype or storage; a tensor made to require grad) is let go,
-never handed out.  Memory reached only through a raw address
-(``data_ptr()``, ``ctypes.data``) is not counted; using such an address
-after dropping every array that owns the memory was already undefined.
-While the pool holds a result, numpy's ``ndarray.resize`` (which checks
-references) refuses it: use ``numpy.resize``, or ``SPMD_KEEP_RESULTS=0``.
-
-Small results are not kept (malloc reuses warm memory for them), nor
-more than ``PER_SHAPE`` per kind, dtype and shape, nor more than the
-limit in all: ``SPMD_KEEP_RESULTS`` bytes (``0`` turns the pool off;
-default 1 GiB, at most an eighth of the machine's memory divided among
-the ranks on it).  ``clear()``
-(at finalize) lets them go.
+A fresh result costs page faults as it is first written, so the pool
+keeps the buffers of large results and hands one back once nothing but
+the pool refers to it (its reference count; a tensor's storage use count).
+A buffer changed in place before it was dropped is let go.  Bounded by
+``PER_SHAPE`` and ``SPMD_KEEP_RESULTS`` bytes; ``clear()`` (at finalize)
+lets them go.  The rules and their limits: docs/comms.md, "The results pool".
 """
 
 import os

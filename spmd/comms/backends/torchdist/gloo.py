@@ -1,21 +1,10 @@
 """The gloo backend: torch.distributed's gloo process group, called directly where it pays.
 
-On top of :class:`~spmd.comms.backends.torchdist.base.TorchComm`:
-
-- direct hooks: a blocking broadcast, reduce or all_reduce of one
-  contiguous CPU tensor (or numpy array) of a plain dtype goes straight
-  to the process group object; torch.distributed's Python wrapper checks
-  cost more than the rest of spmd's call;
-- scatter and gather go point to point: no padding of unequal chunks,
-  and 1.3-2x faster than gloo's own scatter and gather at every size
-  measured here (docs/performance.md);
-- a blocking reduce goes point to point too, up a binomial tree, large
-  tensors in up to four pipelined pieces: gloo's own reduce leaves partial
-  results in every other rank's input, so spmd gave it a copy, which cost
-  15-30% from 16 MiB; the tree needs no copy on leaves and was 0.4-0.8x
-  gloo's reduce at 2 ranks from 8 B to 256 MiB (medians of three launches; docs/performance.md);
-- all_gather and the description exchange call the process group's
-  allgather directly.
+On top of :class:`~spmd.comms.backends.torchdist.base.TorchComm`: direct
+hooks for broadcast, reduce and all_reduce; scatter, gather and a blocking
+reduce (up a binomial tree) point to point; all_gather and the description
+exchange on the process group's allgather.  Why, with the measurements:
+docs/comms.md, "The gloo backend".
 """
 
 import numpy as np
