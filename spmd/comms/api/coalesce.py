@@ -17,7 +17,6 @@ from spmd.comms.arrays import check_op
 from spmd.comms.handle import Handle
 
 if TYPE_CHECKING:
-    from spmd.comms.base import Comm
     from spmd.comms.types import Array, ArrayT, Op
 
 __all__ = ["all_reduce_many", "all_reduce_chunked", "nbytes"]
@@ -98,7 +97,7 @@ def _itemsize(x):
     return x.itemsize if isinstance(x, np.ndarray) else x.element_size()
 
 
-def all_reduce_many(comm: Comm, xs: Sequence[ArrayT], op: Op, async_op: bool) -> Any:
+def all_reduce_many(comm: Any, xs: Sequence[ArrayT], op: Op, async_op: bool) -> Any:
     """Reduce every array of xs in place with one call per (kind, dtype, device)."""
     if not async_op and xs:
         # One kind and dtype on the CPU (the usual list of gradients): where the
@@ -156,7 +155,7 @@ def all_reduce_many(comm: Comm, xs: Sequence[ArrayT], op: Op, async_op: bool) ->
     )
 
 
-def all_reduce_chunked(comm: Comm, x: ArrayT, op: Op, chunk_bytes: int) -> ArrayT:
+def all_reduce_chunked(comm: Any, x: ArrayT, op: Op, chunk_bytes: int) -> ArrayT:
     """Reduce x in place in pieces of at most chunk_bytes (at least one row each)."""
     contiguous = x.flags.c_contiguous if isinstance(x, np.ndarray) else x.is_contiguous()
     if contiguous:

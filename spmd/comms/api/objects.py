@@ -5,12 +5,9 @@ A mixin of :class:`~spmd.comms.base.Comm`.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Self, Sequence
 
 from spmd.errors import CollectiveError
-
-if TYPE_CHECKING:
-    from spmd.comms.base import Comm
 
 __all__ = ["Objects"]
 
@@ -49,7 +46,7 @@ class Objects:
     # -- sub-communicators -----------------------------------------------------
 
     def split(self, color: int | None = 0, key: int | None = None, *,
-              ranks: Sequence[int] | None = None) -> Comm | None:
+              ranks: Sequence[int] | None = None) -> Self | None:
         """Split into sub-communicators, MPI_Comm_split style.
 
         Ranks passing the same color form one communicator, ordered by
