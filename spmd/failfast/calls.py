@@ -1,25 +1,28 @@
-"""What each rank's collectives were: sequence numbers, fingerprints, trace.
+"""What each rank's collectives were: sequence numbers, call records, trace.
 
-Every collective gets a sequence number and a short fingerprint (name,
-root, op, dtype, shape) kept in a small ring, so a timeout can say what
-this rank last called.  Debug mode (``SPMD_DEBUG=1``) compares the
-fingerprint of each call across ranks before running it, and names the
-caller's file and line.  Trace mode (``SPMD_TRACE=path``) records the
+Every call gets a sequence number and a short record, a :class:`Call`
+(name, root, op, dtype, shape; peer and tag for point to point), kept in
+a small ring, so a timeout can say what this rank last called.  Debug
+mode (``SPMD_DEBUG=1``) compares each call's record (its fingerprint)
+across ranks before running it, and names the caller's file and line.  Trace mode (``SPMD_TRACE=path``) records the
 start and duration of every collective; at finalize rank 0 prints a
 table and writes a Chrome trace merged across ranks.
 """
+
+from __future__ import annotations
 
 import collections
 import json
 import os
 import sys
 import time
+from typing import Any, NamedTuple
 
 from spmd.errors import CollectiveError, CollectiveTimeout, CommunicationError, PeerLostError
 from spmd.util.bandwidth import BUS_FACTORS, bus_factor
 from spmd.util.paths import is_spmd_file
 
-__all__ = ["Monitor", "fingerprint_mismatch", "summarize", "chrome_trace", "BUS_FACTORS"]
+__all__ = ["Call", "named", "Monitor", "fingerprint_mismatch", "timed_out", "summarize", "chrome_trace", "BUS_FACTORS"]
 
 
 # Shape rules: which ranks' shapes must agree for each collective.
@@ -36,8 +39,51 @@ def _nbytes(x):
     return x.numel() * x.element_size()
 
 
-#: Point-to-point calls: their fingerprint's root is the peer, and op the tag.
+#: Point-to-point calls: their record's peer and tag (kept where a collective's root and op are).
 P2P = frozenset(("send", "recv"))
+
+
+class Call(NamedTuple):
+    """What one call was: the record a timeout report, debug mode's check and the trace read.
+
+    On the hot path (:meth:`Monitor.note`) a record is a plain tuple in
+    these fields' order, Python's cheapest object; every reader names it
+    with :func:`named` (``find``, ``recent``, the errors, debug and trace).
+    dtype and shape are the array's own objects until debug mode turns them
+    into text (to compare across ranks); where is the caller's 'file:line'
+    in debug mode, else None.  A point-to-point call (name in ``P2P``)
+    keeps its peer and tag in root's and op's places: read them as
+    :attr:`peer` and :attr:`tag`.
+    """
+
+    seq: int
+    name: str
+    root: int | None = None
+    op: Any = None
+    dtype: Any = None
+    shape: tuple = ()
+    where: str | None = None
+
+    @property
+    def peer(self) -> int | None:
+        """The other rank of a send or recv (None: a recv from any rank)."""
+        return self.root
+
+    @property
+    def tag(self) -> int | None:
+        """The user tag of a send or recv."""
+        return self.op
+
+
+#: Where a record keeps its number: the one field the call path reads unnamed (an async wait's).
+SEQ = Call._fields.index("seq")
+
+_new = tuple.__new__
+
+
+def named(record):
+    """Return record, a call's record as Monitor.note keeps it (or already a Call), as a Call."""
+    return record if type(record) is Call else _new(Call, record)
 
 
 def caller():
@@ -53,9 +99,10 @@ def caller():
 _caller = caller
 
 
-def call_name(fp):
-    """Name a call for a report: 'all_reduce', or 'recv from rank 1 (tag 3)'."""
-    name, peer, tag = fp[1], fp[2], fp[3]
+def call_name(call):
+    """Name a call (its record) for a report: 'all_reduce', or 'recv from rank 1 (tag 3)'."""
+    call = named(call)
+    name, peer, tag = call.name, call.peer, call.tag
     if name == "recv":
         return f"recv from {'any rank' if peer is None else f'rank {peer}'} (tag {tag})"
     if name == "send":
@@ -63,12 +110,27 @@ def call_name(fp):
     return name
 
 
-def _describe(fp):
-    seq, name, root, op, dtype, shape, where = fp
+def timed_out(who, what, timeout, waiting_for=None, in_wait=False):
+    """Say that a call timed out: 'rank 0: all_reduce (call #3) timed out after 6 s waiting for ...'.
+
+    The words every timeout report starts with (the backend's timeout, the
+    mpi watcher's, point to point's own waits); the caller adds the rest.
+    in_wait: in an async handle's wait(), said before what it waited for.
+    """
+    text = f"{who}: {what} timed out after {timeout:g} s"
+    if waiting_for is not None:
+        text += f" {Monitor.IN_WAIT + ', ' if in_wait else ''}waiting for {waiting_for}"
+    return text
+
+
+def _describe(record):
+    call = named(record)
+    seq, name, root, op, dtype, shape, where = call
     parts = [f"#{seq} {name}"]
     if name in P2P:
-        parts.append(("from any rank" if root is None else f"from rank {root}") if name == "recv" else f"to rank {root}")
-        parts.append(f"tag {op}")
+        peer = call.peer
+        parts.append(("from any rank" if peer is None else f"from rank {peer}") if name == "recv" else f"to rank {peer}")
+        parts.append(f"tag {call.tag}")
         root = op = None
     if root is not None:
         parts.append(f"root={root}")
@@ -82,11 +144,12 @@ def _describe(fp):
 
 
 def fingerprint_mismatch(fps):
-    """Return a message if the ranks' fingerprints disagree, else None."""
-    name = fps[0][1]
+    """Return a message if the ranks' call records (debug mode's fingerprints) disagree, else None."""
+    fps = [named(fp) for fp in fps]
+    name = fps[0].name
     keys = []
     for fp in fps:
-        _, n, root, op, dtype, shape, _ = fp
+        n, root, op, dtype, shape = fp.name, fp.root, fp.op, fp.dtype, fp.shape
         if n in _SAME_SHAPE or op == "equal":  # equal=True: one shape on every rank
             keys.append((n, root, op, dtype, tuple(shape)))
         elif n in _SAME_TRAILING:
@@ -97,7 +160,7 @@ def fingerprint_mismatch(fps):
         return None
     listing = "\n".join(f"  rank {r}: {_describe(fp)}" for r, fp in enumerate(fps))
     return (
-        f"collective mismatch at call #{fps[0][0]} ({name} on rank 0): every rank must call the "
+        f"collective mismatch at call #{fps[0].seq} ({name} on rank 0): every rank must call the "
         f"same collective with matching arguments, in the same order:\n{listing}"
     )
 
@@ -111,8 +174,8 @@ class Monitor:
     def __init__(self, debug=False, trace=None, nvtx=False):
         self.seq = 0
         self.busy = 0  # number of the call this rank blocks in (or in whose async wait()), else 0
-        self.waiting = None  # fingerprint of the async call whose handle's wait() this rank blocks in
-        self.pending = None  # fingerprint of the call whose descriptions are being exchanged
+        self.waiting = None  # the record of the async call whose handle's wait() this rank blocks in
+        self.pending = None  # the Call whose descriptions are being exchanged
         self.ring = collections.deque(maxlen=8)
         self.debug = debug
         self.trace = trace  # path for the merged trace, or None
@@ -138,57 +201,65 @@ class Monitor:
         return sub
 
     def note(self, name, x=None, root=None, op=None, where=None):
-        """Count a collective and keep its fingerprint; return it."""
+        """Count a call and keep its record; return it (a plain tuple in Call's order: read it by named()).
+
+        For point to point, root and op are the peer and the tag.
+        """
         self.seq += 1
         if x is None:
-            fp = (self.seq, name, root, op, None, (), where)
+            record = (self.seq, name, root, op, None, (), where)
         else:  # dtype and shape as they are: turned into text only when shown
-            fp = (self.seq, name, root, op, x.dtype, x.shape, where)
-        self.ring.append(fp)
-        return fp
+            record = (self.seq, name, root, op, x.dtype, x.shape, where)
+        self.ring.append(record)
+        return record
 
     def upcoming(self, name, x=None, root=None):
-        """Return (and keep as pending) the fingerprint the next call will get, without counting it.
+        """Return (and keep as pending) the Call the next call will be, without counting it.
 
         Scatter and the gathers exchange array descriptions before they are
-        counted; a timeout there is reported with this fingerprint.
+        counted; a timeout there is reported with this record.
         """
         shape = () if x is None else x.shape
-        self.pending = (self.seq + 1, name, root, None, getattr(x, "dtype", None), shape, None)
+        self.pending = Call(self.seq + 1, name, root, None, getattr(x, "dtype", None), shape, None)
         return self.pending
 
     def find(self, seq):
-        """Return the fingerprint of call seq if known, else None: kept in the ring, in its
+        """Return the Call numbered seq if known, else None: kept in the ring, in its
         description exchange (pending), or the async call whose wait() this rank blocks in
         (waiting: it may be out of the ring by then)."""
-        for fp in (self.waiting, self.pending):
-            if fp is not None and fp[0] == seq:
-                return fp
-        return next((f for f in reversed(self.ring) if f[0] == seq), None)
+        for record in (self.waiting, self.pending):
+            if record is not None and record[SEQ] == seq:
+                return named(record)
+        return next((named(r) for r in reversed(self.ring) if r[SEQ] == seq), None)
+
+    def calls(self):
+        """Return the records of the last calls kept, oldest first, as Calls."""
+        return [named(record) for record in self.ring]
 
     @staticmethod
-    def name_of(fp):
-        """Name call fp for a report: 'all_reduce', or 'recv from rank 1 (tag 3)'."""
-        return call_name(fp)
+    def name_of(call):
+        """Name a Call for a report: 'all_reduce', or 'recv from rank 1 (tag 3)'."""
+        return call_name(call)
 
     def recent(self):
         """Describe the last collectives this rank called, oldest first."""
-        return "; ".join(_describe(fp) for fp in self.ring) or "none"
+        return "; ".join(_describe(call) for call in self.ring) or "none"
 
-    def run(self, comm, fp, hook, args, x, async_op, collective=True):
+    def run(self, comm, record, hook, args, x, async_op, collective=True):
         """Run a call with debug checks (collectives only), NVTX ranges and tracing as enabled."""
+        call = named(record)
         if self.debug:
-            dtype = None if fp[4] is None else str(fp[4]).replace("torch.", "")
-            fp = fp[:4] + (dtype, tuple(fp[5]), _caller())
-            self.ring[-1] = fp
+            dtype = None if call.dtype is None else str(call.dtype).replace("torch.", "")
+            call = call._replace(dtype=dtype, shape=tuple(call.shape), where=_caller())
+            self.ring[-1] = call
             if collective:  # point to point is checked by its receiver (spmd.comms.p2p.methods)
-                error = fingerprint_mismatch(comm._all_gather_object(fp))
+                error = fingerprint_mismatch(comm._all_gather_object(call))
                 if error:
                     raise CollectiveError(error)
         if self.nvtx:
             import torch
 
-            torch.cuda.nvtx.range_push(f"spmd.{fp[1]}")
+            torch.cuda.nvtx.range_push(f"spmd.{call.name}")
         wall, start = time.time(), time.perf_counter()
         try:
             result = hook(*args)
@@ -196,47 +267,45 @@ class Monitor:
             if self.nvtx:
                 torch.cuda.nvtx.range_pop()
         if self.events is not None:
-            self._record(comm, fp, x, wall, start, result, async_op)
+            self._record(comm, call, x, wall, start, result, async_op)
         return result
 
-    def _record(self, comm, fp, x, wall, start, result, async_op):
+    def _record(self, comm, call, x, wall, start, result, async_op):
         if x is None and hasattr(result, "shape"):  # scatter: what arrived here
             x = result
-        if fp[1] == "recv" and not async_op and x is None:  # the array received, and from whom
+        if call.name == "recv" and not async_op and x is None:  # the array received, and from whom
             x, peer = result
         else:
-            peer = fp[2]
-        event = {"name": fp[1], "seq": fp[0], "bytes": _nbytes(x), "ts": wall, "dur": None}
-        if fp[1] in P2P:
-            event["peer"], event["tag"] = peer, fp[3]
+            peer = call.peer
+        event = {"name": call.name, "seq": call.seq, "bytes": _nbytes(x), "ts": wall, "dur": None}
+        if call.name in P2P:
+            event["peer"], event["tag"] = peer, call.tag
         self.events.append(event)
         if not async_op:
             event["dur"] = time.perf_counter() - start
             return
-        finish = result._finish  # a Handle: time it up to its completion
 
-        def timed():
+        def timed():  # a Handle: timed up to its completion
             event["dur"] = time.perf_counter() - start
-            return finish()
 
-        result._finish = timed
+        result.on_complete(timed)
 
-    def timeout_error(self, comm, fp, exc, peers=None, waiting=False):
-        """Turn a backend's timeout in call fp (waiting: in its handle's wait()) into a CollectiveTimeout."""
-        message = (
-            f"rank {comm.rank}: {call_name(fp)} (call #{fp[0]}) timed out after {comm.timeout:g} s "
-            f"{self.IN_WAIT + ', ' if waiting else ''}waiting for {'its peer' if fp[1] in P2P else 'the other ranks'} "
-            f"({comm.backend}: {first_line(exc)})"
-        )
+    def timeout_error(self, comm, call, exc, peers=None, waiting=False):
+        """Turn a backend's timeout in call (waiting: in its handle's wait()) into a CollectiveTimeout."""
+        call = named(call)
+        others = "its peer" if call.name in P2P else "the other ranks"
+        what = f"{call_name(call)} (call #{call.seq})"
+        message = f"{timed_out(f'rank {comm.rank}', what, comm.timeout, others, waiting)} ({comm.backend}: {first_line(exc)})"
         if peers:
             message += f". {peers}"
         message += f". Last collectives on this rank: {self.recent()}"
         return CollectiveTimeout(message)
 
-    def failure(self, comm, fp, exc, lost, waiting=False):
-        """Turn a backend's other error in call fp into a PeerLostError (lost) or a CommunicationError."""
+    def failure(self, comm, call, exc, lost, waiting=False):
+        """Turn a backend's other error in call into a PeerLostError (lost) or a CommunicationError."""
+        call = named(call)
         message = (
-            f"rank {comm.rank}: {call_name(fp)} (call #{fp[0]}) failed{' ' + self.IN_WAIT if waiting else ''} "
+            f"rank {comm.rank}: {call_name(call)} (call #{call.seq}) failed{' ' + self.IN_WAIT if waiting else ''} "
             f"({comm.backend}: {first_line(exc)})"
         )
         if lost:

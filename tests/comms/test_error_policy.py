@@ -17,7 +17,7 @@ from tests.support import IN_PROCESS_BACKENDS, open_comm
 
 import spmd
 from spmd.errors import CollectiveError, CollectiveTimeout, CommunicationError, PeerLostError
-from spmd.failfast.calls import Monitor
+from spmd.failfast.calls import Call, Monitor
 
 pytestmark = pytest.mark.unit
 
@@ -58,8 +58,8 @@ def test_a_debug_mismatch_from_a_script_whose_path_says_timeout_stays_a_collecti
     comm = _open(backend, debug=True)
     real = comm._all_gather_object
 
-    def gathered(fp):  # a second rank that called all_reduce from SCRIPT
-        return real(fp) + [(fp[0], "all_reduce", None, "sum", "float64", (3,), f"{SCRIPT}:12")]
+    def gathered(call):  # a second rank that called all_reduce from SCRIPT
+        return real(call) + [Call(call.seq, "all_reduce", None, "sum", "float64", (3,), f"{SCRIPT}:12")]
 
     comm._all_gather_object = gathered
     with pytest.raises(CollectiveError) as info:
@@ -186,10 +186,10 @@ def test_the_mpi_watcher_names_an_async_calls_wait(monkeypatch):
     monkeypatch.setattr(watchdog.sys, "stderr", err)
     mon = Monitor()
     for _ in range(20):  # call #12 is long out of the ring of the last eight
-        fp = mon.note("all_reduce", np.ones(3), None, "sum") if mon.seq == 11 else mon.note("barrier")
-        if fp[0] == 12:
-            waited = fp
-    mon.waiting, mon.busy = waited, waited[0]
+        call = mon.note("all_reduce", np.ones(3), None, "sum") if mon.seq == 11 else mon.note("barrier")
+        if call.seq == 12:
+            waited = call
+    mon.waiting, mon.busy = waited, waited.seq
     watcher = watchdog.MpiTimeout(Comm(), [mon])
     try:
         deadline = time.monotonic() + 10

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 
 from tests.support import MPIRUN, REPO, clean_env, run, tool
-from spmd.failfast.calls import Monitor, chrome_trace, fingerprint_mismatch, summarize
+from spmd.failfast.calls import Call, Monitor, chrome_trace, fingerprint_mismatch, summarize
 
 
 def fps(*calls):
-    return [(1, name, root, op, dtype, shape, f"job.py:{10 + i}")
+    return [Call(1, name, root, op, dtype, shape, f"job.py:{10 + i}")
             for i, (name, root, op, dtype, shape) in enumerate(calls)]
 
 

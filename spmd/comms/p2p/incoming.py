@@ -19,8 +19,8 @@ from spmd.errors import CollectiveError, CollectiveTimeout
 from spmd.comms.state import meta
 from spmd.comms.arrays import contiguous
 
-__all__ = ["Incoming", "Threaded", "all_done", "land", "header_buffer", "HEADER", "DATA", "WHERE", "VERDICT",
-           "TAG_STRIDE", "HEADER_BYTES", "INLINE_BYTES"]
+__all__ = ["Incoming", "Threaded", "all_done", "land", "header_buffer", "receive_buffers", "HEADER", "DATA",
+           "WHERE", "VERDICT", "TAG_STRIDE", "HEADER_BYTES", "INLINE_BYTES"]
 
 #: What each of the backend's tags of one user tag carries.
 HEADER, DATA, WHERE, VERDICT = 1, 2, 3, 4
@@ -48,6 +48,16 @@ _DONE = object()  # a data receive that is over (or had nothing to receive)
 def header_buffer(comm):
     """A new buffer for a header's message: the row, then room for inline data."""
     return np.empty(meta.WIDTH + -(-comm._inline_bytes // 8), np.int64)
+
+
+def receive_buffers(comm):
+    """Where comm's blocking receives land, one at a time: (header, its row, the row's tail bytes).
+
+    The header buffer (a header_buffer) takes a message's header and inline
+    data; the row and tail are views of it, read when checking what came.
+    """
+    header = header_buffer(comm)
+    return header, header[: meta.WIDTH], header.view(np.uint8)[8 : meta.WIDTH * 8]
 
 
 def land(comm, header, c, source, base, pending):

@@ -185,13 +185,12 @@ class PointToPoint(MessageChecks, CheckedMessages, ObjectMessages):
         kind = Threaded if self._receives_in_threads else Incoming
         incoming = kind(self, src, TAG_STRIDE * tag, out, True)
         self._incoming.append(incoming)
-        handle = Received(incoming.wait, incoming.test, None, tag)
+        handle = Received(incoming.wait, incoming.test, incoming.result, tag)
 
-        def finish():
+        def arrived():
             handle.source = incoming.source
-            return incoming.result()
 
-        handle._finish = finish
+        handle.on_complete(arrived)
         return handle
 
     def _progressing(self, works):

@@ -66,11 +66,11 @@ class TorchComm(TorchMessages, Comm):
 
     # -- timeouts: where the other ranks were (through the store) ---------------
 
-    def _note_stuck(self, fp, why=""):
-        stuck.note(self._store, self._ranks, self.rank, fp, why)
+    def _note_stuck(self, call, why=""):
+        stuck.note(self._store, self._ranks, self.rank, call, why)
 
-    def _peers_report(self, fp):
-        return stuck.report(self._store, self._ranks, self.rank, self.size, fp, self.timeout)
+    def _peers_report(self, call):
+        return stuck.report(self._store, self._ranks, self.rank, self.size, call, self.timeout)
 
     def _is_timeout(self, exc):
         return is_timeout(exc)

@@ -17,12 +17,12 @@ def key(ranks, rank):
     return f"spmd/stuck/{tag}/{rank}"
 
 
-def note(store, ranks, rank, fp, why=""):
-    """Write where this rank is stuck (collective fingerprint fp); never raise."""
+def note(store, ranks, rank, call, why=""):
+    """Write where this rank is stuck (call, a spmd.failfast.calls.Call); never raise."""
     if store is None:
         return
     try:
-        store.set(key(ranks, rank), f"#{fp[0]} {fp[1]} {why}".rstrip())
+        store.set(key(ranks, rank), f"#{call.seq} {call.name} {why}".rstrip())
     except Exception:  # the store may be gone with rank 0
         pass
 
@@ -31,12 +31,12 @@ def note(store, ranks, rank, fp, why=""):
 WAIT = 2.0
 
 
-def report(store, ranks, rank, size, fp, timeout):
+def report(store, ranks, rank, size, call, timeout):
     """Say where the other ranks were stuck, waiting a few seconds for them; None if unknowable."""
     if store is None:
         return None
     try:
-        store.set(key(ranks, rank), f"#{fp[0]} {fp[1]}")
+        store.set(key(ranks, rank), f"#{call.seq} {call.name}")
         # A short wait: the report of every rank's stack (spmd.failfast.report), asked for first,
         # already gave the others time to time out, and shows where those not in a call are.
         deadline = time.monotonic() + min(WAIT, timeout or WAIT)
