@@ -83,7 +83,7 @@ class ForkServer:
     piped: give the server pipes for stdout and stderr (as the ranks get
     when the launcher prefixes their lines), to read as proc.stdout and
     proc.stderr.  sock: a connection to a server that already serves
-    (a kept one's session, spmd.launch.kept): nothing is started, and
+    (a kept one's session, spmd.launch.forkserver.kept): nothing is started, and
     proc is None.
     """
 
