@@ -58,3 +58,20 @@ def test_the_scan_finds_what_it_is_meant_to_find(tmp_path):
     sample.write_text("raise ValueError('x')\nraise KeyError\nraise SpmdError('y')\n"
                       "try:\n    pass\nexcept TypeError:\n    raise\n")
     assert sorted(_builtin_raises(sample)) == [(1, "ValueError"), (2, "KeyError")]
+
+
+def test_a_lost_peer_is_recognised_by_its_error_or_by_the_words_backends_use():
+    from spmd.errors import PEER_LOST, PeerLostError, is_peer_lost
+
+    said = {  # what gloo, MPI and the operating system say when the other side is gone
+        "closed by peer": "[gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:10937",
+        "reset by peer": "MPI_ERR_OTHER: Connection reset by peer",
+        "Broken pipe": "[Errno 32] Broken pipe",
+        "Connection refused": "[Errno 111] Connection refused",
+    }
+    assert sorted(said) == sorted(PEER_LOST)
+    assert all(is_peer_lost(RuntimeError(text)) for text in said.values())
+    assert is_peer_lost(ConnectionResetError(104, "Connection reset by peer"))
+    assert is_peer_lost(PeerLostError("rank 0: broadcast (call #2) failed"))  # spmd's own, whatever its words
+    for text in ("connection closed", "Timed out waiting 6000ms for recv", "peer 3 is slow", ""):
+        assert not is_peer_lost(RuntimeError(text)), text

@@ -340,6 +340,34 @@ def test_handles():
     assert Layout("numpy", "float32", (3,), [2]).lengths == [2]
 
 
+def test_a_handle_runs_its_completion_hooks_before_its_result_latest_first():
+    order = []
+    h = Handle(lambda: order.append("wait"), lambda: True, lambda: order.append("finish") or "result")
+    h.on_complete(lambda: order.append("first added"))
+    h.on_complete(lambda: order.append("last added"))
+    assert h.is_completed() and h.wait() == "result"
+    assert order == ["wait", "last added", "first added", "finish"]
+
+
+def test_a_handle_bound_to_its_call_waits_through_its_owner_and_a_done_one_stays_unbound():
+    class Owner:
+        def __init__(self):
+            self.seen = []
+
+        def _waiting(self, fn, call, block=True):
+            self.seen.append((call, block))
+            return fn()
+
+    owner, record = Owner(), (4, "all_reduce", None, "sum", None, (), None)
+    h = Handle(lambda: None, lambda: False, lambda: "result")
+    h.bind(owner, record)
+    assert not h.is_completed() and h.wait() == "result"
+    assert owner.seen == [(record, False), (record, True)]
+    done = Done("result")
+    done.bind(owner, record)
+    assert done.wait() == "result" and done._owner is None and len(owner.seen) == 2
+
+
 # -- point to point (a world of one sends to itself) -------------------------------------------
 
 SHAPES = [(3,), (2, 3), (0, 4), ()]

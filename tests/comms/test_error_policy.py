@@ -100,6 +100,34 @@ def test_a_backend_error_that_is_no_timeout_becomes_an_spmd_error_with_the_origi
     assert "broadcast (call #2) failed" in str(info.value)
 
 
+@pytest.mark.parametrize("path", ["direct", "general"])
+def test_an_error_that_is_no_runtime_error_goes_on_as_it_is(backend, path):
+    comm = _open(backend, debug=path == "general")
+    for exc in (TypeError(f"a bug in a hook ({SCRIPT})"), KeyboardInterrupt()):
+        _failing(comm, exc)
+        with pytest.raises(type(exc)) as info:
+            comm.broadcast(np.ones(3))
+        assert info.value is exc and info.value.__cause__ is None
+    assert comm._mon.busy == 0
+
+
+def test_a_lost_peer_is_what_the_backend_says_it_is(backend):
+    comm = _open(backend)
+    said = []
+
+    def lost(exc):
+        said.append(exc)
+        return "gone" in str(exc)
+
+    comm._is_peer_lost = lost
+    for text, expected in (("peer gone", PeerLostError), (GLOO_CLOSED + " (words it does not count)", CommunicationError)):
+        exc = RuntimeError(text)
+        _failing(comm, exc)
+        with pytest.raises(CommunicationError) as info:
+            comm.broadcast(np.ones(3))
+        assert type(info.value) is expected and info.value.__cause__ is exc and said[-1] is exc
+
+
 def test_only_the_backends_own_timeout_is_a_collective_timeout(backend):
     import torch.distributed as dist
 
@@ -176,14 +204,14 @@ def test_a_completed_async_call_still_gives_its_result(backend):
 
 
 def test_the_mpi_watcher_names_an_async_calls_wait(monkeypatch):
-    from spmd.failfast import hub as watchdog
+    from spmd.failfast import mpi_timeout as watchdog
 
     class Comm:  # what MpiTimeout reads
         rank, size, timeout = 0, 2, 0.2
 
     ended, err = [], io.StringIO()
     monkeypatch.setattr(watchdog, "abort_job", lambda code, after=None: ended.append(code))
-    monkeypatch.setattr(watchdog.sys, "stderr", err)
+    monkeypatch.setattr("sys.stderr", err)
     mon = Monitor()
     for _ in range(20):  # call #12 is long out of the ring of the last eight
         call = mon.note("all_reduce", np.ones(3), None, "sum") if mon.seq == 11 else mon.note("barrier")

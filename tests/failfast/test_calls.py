@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from tests.support import MPIRUN, REPO, clean_env, run, tool
-from spmd.failfast.calls import Call, Monitor, chrome_trace, fingerprint_mismatch, summarize
+from spmd.failfast.calls import Call, Monitor, call_name, chrome_trace, fingerprint_mismatch, named, summarize, timed_out
 
 
 def fps(*calls):
@@ -53,13 +53,48 @@ def test_ring_keeps_the_last_calls_cheaply():
 
 
 @pytest.mark.unit
+def test_a_record_reads_by_name_and_a_send_or_recv_by_peer_and_tag():
+    mon = Monitor()
+    x = np.zeros((2, 3), dtype=np.float32)
+    record = mon.note("all_reduce", x, None, "sum")
+    call = named(record)
+    assert type(call) is Call and named(call) is call and call == record  # the same fields, in Call's order
+    assert (call.seq, call.name, call.root, call.op, call.dtype, call.shape, call.where) == (
+        1, "all_reduce", None, "sum", np.float32, (2, 3), None)
+    mon.note("recv", None, 2, 5)
+    mon.note("send", x, 1, 7)
+    recv, send = mon.calls()[-2:]
+    assert (recv.peer, recv.tag, send.peer, send.tag) == (2, 5, 1, 7)
+    assert call_name(recv) == "recv from rank 2 (tag 5)" and call_name(send) == "send to rank 1 (tag 7)"
+    assert call_name(mon.note("recv", None, None, 3)) == "recv from any rank (tag 3)"
+    assert [type(c) for c in mon.calls()] == [Call] * 4 and mon.find(3) == send and type(mon.find(1)) is Call
+    assert mon.find(99) is None
+    mon.waiting = record  # an async call's wait, its record as the call path holds it
+    for _ in range(10):
+        mon.note("barrier")
+    assert mon.find(1) == call and type(mon.find(1)) is Call
+    upcoming = mon.upcoming("gather", x, 0)
+    assert type(upcoming) is Call and upcoming.seq == mon.seq + 1 and mon.find(mon.seq + 1) is upcoming
+
+
+@pytest.mark.unit
+def test_every_timeout_report_starts_with_the_same_words():
+    assert timed_out("rank 0", "all_reduce (call #3)", 6.0, "the other ranks") == (
+        "rank 0: all_reduce (call #3) timed out after 6 s waiting for the other ranks")
+    assert timed_out("### spmd: rank 1 of 2", "send to rank 0 (tag 1) (call #4)", 0.25, "its peer", True) == (
+        "### spmd: rank 1 of 2: send to rank 0 (tag 1) (call #4) timed out after 0.25 s "
+        "in wait() of its async handle, waiting for its peer")
+    assert timed_out("rank 2", "a point-to-point wait", 30) == "rank 2: a point-to-point wait timed out after 30 s"
+
+
+@pytest.mark.unit
 def test_the_timeout_watcher_never_owns_the_communicator():
     """Its daemon thread must not free the communicator's tensors at interpreter teardown."""
     import gc
     import threading
     import weakref
 
-    from spmd.failfast.hub import MpiTimeout
+    from spmd.failfast.mpi_timeout import MpiTimeout
 
     class Comm:  # what MpiTimeout reads
         rank, size, timeout = 0, 2, 100.0

@@ -16,6 +16,7 @@ import threading
 import numpy as np
 
 from spmd.errors import CollectiveError, CollectiveTimeout
+from spmd.failfast.calls import timed_out
 from spmd.comms.state import meta
 from spmd.comms.arrays import contiguous
 
@@ -165,8 +166,8 @@ class Threaded(Incoming):
         timeout = self.comm.timeout
         if not self._over.wait(None if timeout is None else timeout + 5.0):
             raise CollectiveTimeout(
-                f"rank {self.comm.rank}: an immediate receive (tag {self.base // TAG_STRIDE}) timed out "
-                f"after {timeout:g} s: no message came; last calls on this rank: {self.comm._mon.recent()}"
+                timed_out(f"rank {self.comm.rank}", f"an immediate receive (tag {self.base // TAG_STRIDE})", timeout)
+                + f": no message came; last calls on this rank: {self.comm._mon.recent()}"
             )
         self._thread.join()
         if self._failed is not None:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal, overload
 import numpy as np
 
 from spmd.errors import CollectiveError, CollectiveTimeout
+from spmd.failfast.calls import timed_out
 from spmd.comms.arrays import contiguous
 from spmd.comms.handle import Handle
 from spmd.comms.p2p.checks import MessageChecks
@@ -209,8 +210,8 @@ class PointToPoint(MessageChecks, CheckedMessages, ObjectMessages):
                 time.sleep(20e-6)
                 if time.monotonic() > deadline:
                     raise CollectiveTimeout(
-                        f"rank {self.rank}: a point-to-point wait timed out after {self.timeout:g} s "
-                        f"(its peer never sent or received); last calls on this rank: {self._mon.recent()}"
+                        timed_out(f"rank {self.rank}", "a point-to-point wait", self.timeout)
+                        + f" (its peer never sent or received); last calls on this rank: {self._mon.recent()}"
                     )
         for w in works:
             if w is not None:
