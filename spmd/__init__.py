@@ -9,6 +9,8 @@ python.  ``import spmd`` is light: torch and mpi4py are imported only
 when the communicator is first used.
 """
 
+from typing import TYPE_CHECKING, Any
+
 __version__ = "0.1.0"
 
 __all__ = [
@@ -73,8 +75,13 @@ from spmd.errors import (  # every error spmd raises: the tree under SpmdError
 )
 from spmd.runtime.start import finalize, init, initialized
 
+if TYPE_CHECKING:  # imported on first use at run time (__getattr__), so `import spmd` stays light
+    from spmd import data_parallel, pipeline, preempt, tasks
+    from spmd.comms.base import Comm
+    from spmd.comms.handle import Handle
 
-def __getattr__(name):
+
+def __getattr__(name: str) -> Any:
     if name in ("Comm", "Handle"):
         from spmd.comms import base
 

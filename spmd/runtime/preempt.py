@@ -21,19 +21,24 @@ import signal
 import sys
 import threading
 import traceback
-from typing import Callable
+from types import FrameType
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, TypeVar
 
 from spmd.errors import SettingsError, SpmdTypeError
 from spmd.config.settings import parse_preempt_signal
+
+if TYPE_CHECKING:
+    from spmd.comms.base import Comm
 
 __all__ = ["on_preempt", "preempted", "flagged", "any_preempted", "install", "signal_number", "reset"]
 
 _lock = threading.RLock()
 _callbacks: list[Callable[[], object]] = []
-_state = {"flag": False, "signum": None, "previous": None}
+_state: dict[str, Any] = {"flag": False, "signum": None, "previous": None}
+_F = TypeVar("_F", bound=Callable[[], object])
 
 
-def signal_number(name: str | int | None = None, environ=None) -> int:
+def signal_number(name: str | int | None = None, environ: Mapping[str, str] | None = None) -> int:
     """Return a signal's number from 'USR1', 'SIGUSR1' or '10' (default: SPMD_PREEMPT_SIGNAL, USR1).
 
     environ (default os.environ) is read only when name is None.
@@ -42,7 +47,7 @@ def signal_number(name: str | int | None = None, environ=None) -> int:
     return int(signal.SIGUSR1) if number is None else number
 
 
-def _run_callbacks(callbacks):
+def _run_callbacks(callbacks: Iterable[Callable[[], object]]) -> None:
     for fn in callbacks:
         try:
             fn()
@@ -51,7 +56,7 @@ def _run_callbacks(callbacks):
             sys.stderr.flush()
 
 
-def _handler(signum, frame):
+def _handler(signum: int, frame: FrameType | None) -> None:
     with _lock:
         if _state["flag"]:
             return
@@ -71,7 +76,7 @@ def install(sig: str | int | None = None) -> int:
     a sig other than the one already installed.
     """
     if sig is None and _state["signum"] is not None:
-        return _state["signum"]  # already installed: whichever signal that was
+        return int(_state["signum"])  # already installed: whichever signal that was
     signum = signal_number(sig)
     with _lock:
         if _state["signum"] is not None:
@@ -87,7 +92,7 @@ def install(sig: str | int | None = None) -> int:
     return signum
 
 
-def on_preempt(fn: Callable[[], object]) -> Callable[[], object]:
+def on_preempt(fn: _F) -> _F:
     """Run fn() once when the preemption signal comes (at once if it came); return fn."""
     if not callable(fn):
         raise SpmdTypeError(f"on_preempt needs a callable, got {fn!r}")
@@ -102,21 +107,23 @@ def on_preempt(fn: Callable[[], object]) -> Callable[[], object]:
 
 def flagged() -> bool:
     """Tell whether the signal has come, without installing the handler (False if none is installed)."""
-    return _state["flag"]
+    return bool(_state["flag"])
 
 
 def preempted() -> bool:
     """Tell whether the preemption signal has come to this process (installs the handler)."""
     install()
-    return _state["flag"]
+    return bool(_state["flag"])
 
 
-def any_preempted(comm=None) -> bool:
+def any_preempted(comm: Comm | None = None) -> bool:
     """Tell whether the signal came to any rank of comm (default spmd.comm); a collective."""
     import numpy as np
 
     if comm is None:
-        from spmd import comm
+        from spmd import comm as world
+
+        comm = world
     flag = np.array([1 if preempted() else 0], dtype=np.int32)
     comm.all_reduce(flag, op="max")
     return bool(flag[0])

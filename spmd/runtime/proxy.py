@@ -1,6 +1,6 @@
 """The global ``comm``: a stand-in that starts the runtime on first use."""
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from spmd.runtime.start import init, initialized, on_finalize
 
@@ -18,7 +18,7 @@ class _GlobalComm:
     finalize makes it forget them.
     """
 
-    def __getattr__(self, name):
+    def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):
             raise AttributeError(name)
         value = getattr(init(), name)
@@ -26,10 +26,10 @@ class _GlobalComm:
             self.__dict__[name] = value
         return value
 
-    def _forget(self):
+    def _forget(self) -> None:
         self.__dict__.clear()
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         if not initialized():
             return "<spmd.comm (not started; starts on first use)>"
         return repr(init())
