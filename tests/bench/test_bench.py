@@ -282,7 +282,7 @@ def test_startup_breakdown(tmp_path):
     assert "issue: <= 2x" in startup_table(rows) and "issue: <= 2x" in result.stdout
 
 
-# -- spmd bench --pipeline (issue 14) ------------------------------------------------
+# -- spmd bench --pipeline ---------------------------------------------------------------
 
 
 @pytest.mark.unit

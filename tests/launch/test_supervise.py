@@ -219,9 +219,9 @@ def test_a_failing_rank_stops_the_others(tmp_path):
 @pytest.mark.launcher
 def test_a_rank_killed_by_a_signal(tmp_path):
     script = write(tmp_path, """
-        import os, time
+        import os, signal, time
         if os.environ["SPMD_RANK"] == "1":
-            os.kill(os.getpid(), 9)
+            os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(60)
     """)
     res = spmd_run(script, 2)

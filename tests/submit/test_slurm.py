@@ -9,6 +9,7 @@ fail instead, as .ci/run says). Every submission uses
 
 import json
 import os
+import signal
 import re
 import subprocess
 import threading
@@ -293,7 +294,7 @@ def _preempt_and_requeue(cluster, where):
     return None
 
 
-# Issue 12: both tutorials and DDP through srun on the cluster, the default
+# Both tutorials and DDP through srun on the cluster, the default
 # (mpi) backend, ranks on different nodes: torch.distributed's group beside MPI
 # meets across nodes, and point to point crosses them.
 
@@ -332,7 +333,7 @@ def test_ddp_through_srun_trains_like_ddp_under_torchrun(cluster, tmp_path):
     assert a.keys() == b.keys() and not different, different
 
 
-# Issue 13: the fault table's scenarios under srun (bin/submit, 2 nodes x 1 task, gloo),
+# The fault table's scenarios under srun (bin/submit, 2 nodes x 1 task, gloo),
 # each ending non-zero with its message once, in time, leaving no process behind.
 
 FAULTS = WORLDS / "faults.py"
@@ -413,7 +414,7 @@ def _srun_fault(cluster, where, scenario, extra):
     return result, log, times["gone"] - times["ready"]
 
 
-# Issue 14: a resumable pipeline killed with SIGKILL halfway through under srun, then
+# A resumable pipeline killed with SIGKILL halfway through under srun, then
 # submitted again at another size: it continues at the first unfinished round, reads and
 # computes only the rest (counted), and the output has the bytes of an uninterrupted run.
 
@@ -442,7 +443,7 @@ def test_a_pipeline_killed_halfway_under_srun_resumes_at_another_size(cluster, t
                        if c.startswith(PY) and "resumable.py" in c and "spmd.cli.submit" not in c}
             for pid in victims:
                 try:
-                    os.kill(pid, 9)
+                    os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
             break

@@ -2,7 +2,7 @@
 
 In process: spmd.util.atomic's writers on errors, exclusive writes and the
 removal of dead processes' temporaries. Launched: jobs SIGKILLed while
-they write a big output or a checkpoint (issue 13, part 7).
+they write a big output or a checkpoint.
 """
 
 import importlib.util
