@@ -17,7 +17,7 @@ from tests.support import IN_PROCESS_BACKENDS, open_comm
 
 import spmd
 from spmd.errors import CollectiveError, CollectiveTimeout, CommunicationError, PeerLostError
-from spmd.failfast.calls import Call, Monitor
+from spmd.failfast.calls import Call, Monitor, named
 
 pytestmark = pytest.mark.unit
 
@@ -214,7 +214,7 @@ def test_the_mpi_watcher_names_an_async_calls_wait(monkeypatch):
     monkeypatch.setattr("sys.stderr", err)
     mon = Monitor()
     for _ in range(20):  # call #12 is long out of the ring of the last eight
-        call = mon.note("all_reduce", np.ones(3), None, "sum") if mon.seq == 11 else mon.note("barrier")
+        call = named(mon.note("all_reduce", np.ones(3), None, "sum") if mon.seq == 11 else mon.note("barrier"))
         if call.seq == 12:
             waited = call
     mon.waiting, mon.busy = waited, waited.seq
