@@ -55,8 +55,8 @@ def exits(monkeypatch):
     """What the hub's exit_now was asked to do, instead of doing it."""
     import queue
 
-    from spmd.failfast import hub as watchdog
+    from spmd.failfast.hub import base
 
     calls = queue.Queue()
-    monkeypatch.setattr(watchdog, "exit_now", lambda code, message=None: calls.put((code, message)))
+    monkeypatch.setattr(base, "exit_now", lambda code, message=None: calls.put((code, message)))
     return calls

@@ -153,7 +153,8 @@ def _start(settings, environ):
     torch_mpi = name == "mpi" and "torch" in sys.modules and _torch_has_mpi()
     if name == "mpi" and not torch_mpi:
         from spmd.comms.backends.mpi.comm import MpiComm
-        from spmd.failfast.hub import Hub, MpiTimeout
+        from spmd.failfast.hub import Hub
+        from spmd.failfast.mpi_timeout import MpiTimeout
 
         side = _torch_group(settings, placement, mpi_world, environ)
         comm = MpiComm(mpi_world, placement, seconds, monitor)

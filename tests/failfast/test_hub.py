@@ -263,7 +263,7 @@ def test_500_held_connections_leave_the_ranks_served(hub, exits):
         rank = rank_socket(hub, 1)
         assert wait_for(lambda: 1 in hub._met)
         assert len(hub._pending) <= MAX_PENDING
-        assert len(hub._buffers) <= MAX_PENDING + SIZE - 1  # the hub's own file descriptors stay bounded
+        assert len(hub._readers) <= MAX_PENDING + SIZE - 1  # the hub's own file descriptors stay bounded
         rank.sendall(b"FAIL\n")
         assert_abort(hub, exits, rank)
     finally:

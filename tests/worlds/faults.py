@@ -22,7 +22,7 @@ if scenario == "late" and detect().rank == 1:
 if scenario == "init-death" and detect().rank == 1:
     # Die inside init: the backend has started, this rank's hub handshake has not
     # (the others are in init too, waiting for this rank in the hub or init's barrier).
-    spmd.failfast.hub.Hub.__init__ = lambda *args, **kw: os.kill(os.getpid(), signal.SIGKILL)
+    spmd.failfast.hub.HubClient.__init__ = lambda *args, **kw: os.kill(os.getpid(), signal.SIGKILL)
 if scenario == "gather-kill":  # allocated before READY: 128 MiB of float32 from each rank
     big = np.ones(32 << 20, dtype=np.float32)
 comm = spmd.init()

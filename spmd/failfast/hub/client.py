@@ -1,0 +1,108 @@
+"""The other ranks' side of the fail-fast hub: one connection to rank 0's, and a thread that reads it.
+
+A rank acts only on rank 0's exact words on its own connection
+(docs/reliability.md, "The hub's protocol"); losing that connection
+without a BYE means rank 0 died, and ends this rank too.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from spmd.failfast import report
+from spmd.failfast.abort import PEER_EXIT
+from spmd.failfast.hub import protocol as wire
+from spmd.failfast.hub.base import Hub, Reply
+
+__all__ = ["HubClient"]
+
+
+class HubClient(Hub, rank_0=False):
+    """A rank's connection to rank 0's hub, authenticated by the job's secret."""
+
+    def __init__(self, rank: int, size: int, share: Callable[[str | None], str], local_only: bool,
+                 timeout: float, monitors: Sequence[Any] = ()) -> None:
+        super().__init__(rank, size, share, local_only, timeout, monitors)
+        address, hello = wire.accept_invitation(share(None), rank)
+        self._sock = socket.create_connection(address, timeout=timeout)
+        self._sock.settimeout(None)
+        self._sock.sendall(hello)
+        self._send_lock = threading.Lock()
+        self._report = Reply()  # the stacks report rank 0 sends back
+        self._thread = threading.Thread(target=self._watch, name="spmd-hub", daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        reader = wire.Reader()
+        while True:
+            try:
+                chunk = self._sock.recv(65536)
+            except OSError:
+                chunk = b""
+            if not chunk:
+                self._verdict.cancel()  # no answer will come: print in full
+                self._report.cancel()
+                if not self._closing:
+                    self._exit(PEER_EXIT, f"### spmd: rank {self.rank}: lost rank 0 (it died); ending")
+                return
+            for kind, got in reader.feed(chunk):  # a line over MAX_LINE: rank 0 never says one
+                if kind is wire.PAYLOAD:
+                    self._report.set(got.decode("utf-8", "replace"))
+                elif kind is wire.LINE:
+                    said = wire.hub_says(got)
+                    if said is not None and said[0] == wire.BYE:
+                        return
+                    if said is not None:
+                        self._heard(reader, said)
+
+    def _heard(self, reader: wire.Reader, said: tuple) -> None:
+        """Act on a message of rank 0's."""
+        if said[0] == wire.ABORT:
+            self._closing = True
+            self._end(PEER_EXIT)
+        elif said[0] == wire.FULL:
+            self._verdict.set(self.rank)
+        elif said[0] == wire.SAME:
+            self._verdict.set(said[1])
+        elif said[0] == wire.STACKS:
+            data = json.dumps(report.where(self.rank, self.monitors)).encode()
+            if len(data) > wire.MAX_STACK:  # cut the threads' part, never the summary
+                summary = report.where(self.rank, self.monitors)
+                summary["threads"] = summary["threads"][:wire.MAX_STACK // 4] + "\n... (cut)\n"
+                data = json.dumps(summary).encode()[:wire.MAX_STACK]
+            self._send(wire.framed(wire.STACK, data))
+        else:  # REPORT <n>: n bytes of the stacks report follow
+            reader.expect(said[1])
+
+    def _send(self, data: bytes) -> bool:
+        with self._send_lock:
+            try:
+                self._sock.sendall(data)
+                return True
+            except OSError:
+                return False
+
+    def _ask_verdict(self, digest: str) -> bool:
+        return self._send(wire.line(wire.ERR, digest))
+
+    def _ask_where(self, reason: bytes, wait: float, reply: Reply | None) -> bool:
+        if reply is not None:
+            self._report = reply
+        return self._send(wire.line(wire.WHERE, reason, int(wait * 1000)))
+
+    def fail(self) -> None:
+        """Tell every rank that this one failed (it prints its own traceback)."""
+        self._send(wire.line(wire.FAIL))
+
+    def close(self) -> None:
+        """Leave normally: rank 0 will not take it for a death."""
+        self._closing = True
+        self._send(wire.line(wire.BYE))
+        try:
+            self._sock.close()
+        except OSError:
+            pass

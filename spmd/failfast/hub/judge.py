@@ -1,0 +1,113 @@
+"""The fail-fast hub's decisions, without sockets, threads or clocks of its own.
+
+``Verdicts``: which rank prints each error in full (the lowest that failed
+with it within WINDOW of the first failure).  ``Gathering``: the report of
+where every rank is, one at a time, complete when every rank answered or
+its wait is over, reused by the timeouts that follow it.  ``death``: what
+rank 0 says of a rank that vanished.  The server feeds them what the ranks
+said and when (docs/reliability.md, "One report per job").
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from spmd.failfast import report
+from spmd.failfast.hub.protocol import MAX_STACK
+
+__all__ = ["Verdicts", "Gathering", "death", "WINDOW", "REUSE"]
+
+#: Seconds the hub collects failures after the first one before it says which rank prints each in full.
+WINDOW = 0.4
+#: Seconds a report of stacks asked for at a timeout serves the timeouts that follow it.
+REUSE = 10.0
+
+
+def death(rank: int, size: int) -> str:
+    """What ends the job when rank's connection closed without a word."""
+    return (f"rank {rank} of {size} died without reporting an error "
+            "(killed by a signal, or exited without finalize)")
+
+
+class Verdicts:
+    """Who prints each error in full.  A waiter is whatever the caller answers (the judge only returns it)."""
+
+    def __init__(self, window: float = WINDOW) -> None:
+        self.window = window
+        self._end: float | None = None  # the window's end, set by the first failure
+        self._held: dict[int, tuple[str, Any]] = {}  # rank -> (digest, waiter), until the window's end
+        self._leads: dict[str, int] = {}  # digest -> the rank that prints it in full
+
+    def failed(self, rank: int, digest: str, waiter: Any, now: float) -> list[tuple[Any, int]]:
+        """rank failed with this digest at now: return the answers due now, [(waiter, lead)] or []."""
+        if self._end is None:
+            self._end = now + self.window
+        if now < self._end:
+            self._held[rank] = (digest, waiter)
+            return []
+        return [(waiter, self._leads.setdefault(digest, rank))]
+
+    def deadline(self) -> float | None:
+        """When the failures held are due, if any are."""
+        return self._end if self._held else None
+
+    def due(self, now: float) -> list[tuple[Any, int]]:
+        """The answers to the failures held, once the window has passed: the lowest rank's first."""
+        if not self._held or now < self._end:
+            return []
+        held, self._held = self._held, {}
+        return [(held[rank][1], self._leads.setdefault(held[rank][0], rank)) for rank in sorted(held)]
+
+
+class Gathering:
+    """The report of where every rank is: one in progress at most, every asker answered with it."""
+
+    def __init__(self, size: int, reuse: float = REUSE) -> None:
+        self.size, self.reuse = size, reuse
+        self._asked = ""  # what the report's head says asked for it
+        self._wait = 0.0
+        self._deadline: float | None = None  # None: no report in progress
+        self._waiters: list[Any] = []
+        self._got: dict[int, dict] = {}  # rank -> its summary (report.where)
+        self._last: tuple[float, str] | None = None  # (when, text) of the last report
+
+    @property
+    def deadline(self) -> float | None:
+        """When the report in progress ends whoever has not answered, if one is."""
+        return self._deadline
+
+    def reusable(self, timeout: bool, now: float) -> str | None:
+        """The last report, if an ask for this reason may have it now: one hang, one report (the first timeout's)."""
+        if self._deadline is None and timeout and self._last and now - self._last[0] < self.reuse:
+            return self._last[1]
+        return None
+
+    def ask(self, waiter: Any, asked: str, wait: float, now: float, own: Any) -> bool:
+        """Add waiter to the report in progress, or start one (own(): rank 0's summary); tell whether it started."""
+        started = self._deadline is None
+        if started:
+            self._asked, self._wait, self._deadline = asked, wait, now + wait
+            self._waiters, self._got = [], {0: own()}
+        self._waiters.append(waiter)
+        return started
+
+    def answered(self, rank: int, summary: Any) -> None:
+        """rank's answer (a decoded summary: only a dict of strings is kept, each value cut to MAX_STACK)."""
+        if self._deadline is not None and isinstance(summary, dict):
+            self._got[rank] = {k: str(v)[:MAX_STACK] if v is not None else None
+                               for k, v in summary.items() if isinstance(k, str)}
+
+    def complete(self) -> bool:
+        """Every rank has answered the report in progress."""
+        return self._deadline is not None and len(self._got) >= self.size
+
+    def overdue(self, now: float) -> bool:
+        """The report in progress has waited its time."""
+        return self._deadline is not None and now >= self._deadline
+
+    def end(self, now: float) -> tuple[str, list[Any]]:
+        """End the report in progress: return its text and the waiters to give it to."""
+        text = report.stacks_text(self._got, self.size, self._asked, self._wait)
+        waiters, self._waiters, self._got, self._deadline = self._waiters, [], {}, None
+        self._last = (now, text)
+        return text, waiters

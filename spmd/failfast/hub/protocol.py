@@ -1,0 +1,190 @@
+"""The fail-fast hub's wire format, written once for both sides (docs/reliability.md, "The hub's protocol").
+
+Every message is one line of at most MAX_LINE bytes; ``STACK <n>`` and
+``REPORT <n>`` announce n bytes of payload after their line.  A connection
+counts as a rank once its first line is ``HELLO <rank> <secret>``: the
+secret is checked here, before anything else it says is believed.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import re
+import secrets
+import socket
+from collections.abc import Iterator
+
+__all__ = [
+    "HELLO", "FAIL", "BYE", "ERR", "WHERE", "STACK", "ABORT", "FULL", "SAME", "STACKS", "REPORT",
+    "MAX_LINE", "MAX_STACK", "MAX_REPORT", "REASONS", "LINE", "PAYLOAD", "TOO_LONG",
+    "Reader", "line", "framed", "verdict", "report", "new_secret", "invitation", "accept_invitation", "check_hello",
+    "rank_says", "hub_says", "listen", "peer_name",
+]
+
+# A rank's words (HELLO first, then any of the others) ...
+HELLO, FAIL, BYE, ERR, WHERE, STACK = b"HELLO", b"FAIL", b"BYE", b"ERR", b"WHERE", b"STACK"
+# ... and rank 0's (BYE too).
+ABORT, FULL, SAME, STACKS, REPORT = b"ABORT", b"FULL", b"SAME", b"STACKS", b"REPORT"
+
+#: The longest line the hub (or a rank) reads; a longer one closes that connection.
+MAX_LINE = 256
+#: Bytes of one rank's answer to STACKS, and of the report sent back to a rank that asked, at most.
+MAX_STACK = 256 * 1024
+MAX_REPORT = 1024 * 1024
+#: Why a rank may ask for the stacks report (WHERE <reason> <milliseconds>), as the report says it.
+REASONS = {b"timeout": "a call timed out on rank {}", b"signal": "SIGUSR2 on rank {}"}
+
+#: What Reader.feed yields: a whole line, the payload a line announced, a line over MAX_LINE.
+LINE, PAYLOAD, TOO_LONG = "line", "payload", "too long"
+
+_HEX = re.compile(rb"[0-9a-f]{1,64}")
+
+
+def line(*words: bytes | int | str) -> bytes:
+    """One message: the words, separated by spaces, and the newline."""
+    return b" ".join(w if isinstance(w, bytes) else str(w).encode() for w in words) + b"\n"
+
+
+def framed(word: bytes, payload: bytes) -> bytes:
+    """A line announcing len(payload) bytes, and the payload."""
+    return b"%s %d\n" % (word, len(payload)) + payload
+
+
+class Reader:
+    """Split what one connection receives into lines and the payloads that lines announce.
+
+    The consumer of a line that announces a payload calls expect(n); the
+    next n bytes then come whole as one PAYLOAD.
+    """
+
+    __slots__ = ("_rest", "_want")
+
+    def __init__(self) -> None:
+        self._rest = b""  # the start of a line not yet ended, or of a payload
+        self._want: int | None = None  # bytes of the payload still to come
+
+    def expect(self, size: int) -> None:
+        """The next size bytes are a payload, not lines."""
+        self._want = size
+
+    def feed(self, data: bytes) -> Iterator[tuple[str, bytes]]:
+        """Yield (LINE, line), (PAYLOAD, bytes) or (TOO_LONG, b"") for what data completes, in order.
+
+        A line over MAX_LINE, or the start of one, yields TOO_LONG; the start is discarded.
+        """
+        buf, at = self._rest + data, 0
+        self._rest = b""
+        while True:
+            if self._want is not None:
+                if len(buf) - at < self._want:
+                    break
+                payload, at = buf[at:at + self._want], at + self._want
+                self._want = None
+                yield PAYLOAD, payload
+            else:
+                end = buf.find(b"\n", at)
+                if end < 0:
+                    break
+                text, at = buf[at:end], end + 1
+                yield (TOO_LONG, b"") if len(text) > MAX_LINE else (LINE, text)
+        rest = buf[at:]
+        if len(rest) > MAX_LINE and self._want is None:
+            yield TOO_LONG, b""
+            return
+        self._rest = rest
+
+
+def verdict(rank: int, lead: int) -> bytes:
+    """rank 0's answer to rank's ERR: FULL if rank prints it in full, else SAME <lead>."""
+    return line(FULL) if lead == rank else line(SAME, lead)
+
+
+def report(text: str) -> bytes:
+    """The stacks report sent back to a rank that asked (at most MAX_REPORT bytes of it)."""
+    return framed(REPORT, text.encode("utf-8", "replace")[:MAX_REPORT])
+
+
+def new_secret() -> bytes:
+    """The job's secret: 128 random bits, as hex."""
+    return secrets.token_hex(16).encode()
+
+
+def invitation(host: str, port: int, secret: bytes) -> str:
+    """What rank 0 shares with the other ranks: where the hub listens and the secret."""
+    return f"{host}:{port} {secret.decode()}"
+
+
+def accept_invitation(text: str, rank: int) -> tuple[tuple[str, int], bytes]:
+    """Read an invitation: return the hub's (host, port) and the greeting rank sends it first."""
+    address, secret = text.split(" ")
+    host, port = address.rsplit(":", 1)
+    return (host, int(port)), f"HELLO {rank} {secret}\n".encode()
+
+
+def check_hello(text: bytes, size: int, secret: bytes) -> tuple[int | None, str | None]:
+    """Read a connection's first line: (its rank, None), or (None, "hello" or "secret": what was wrong)."""
+    parts = text.split(b" ")
+    if len(parts) != 3 or parts[0] != HELLO or not parts[1].isdigit() or not 0 < int(parts[1]) < size:
+        return None, "hello"
+    if not hmac.compare_digest(parts[2], secret):
+        return None, "secret"
+    return int(parts[1]), None
+
+
+def rank_says(text: bytes) -> tuple | None:
+    """Read a line of an authenticated rank's: (FAIL,), (BYE,), (ERR, digest), (WHERE, reason, seconds)
+    or (STACK, bytes that follow); None for anything else."""
+    if text in (FAIL, BYE):
+        return (text,)
+    parts = text.split(b" ")
+    if len(parts) == 2 and parts[0] == ERR and _HEX.fullmatch(parts[1]):
+        return ERR, parts[1].decode()
+    if len(parts) == 3 and parts[0] == WHERE and parts[1] in REASONS and parts[2].isdigit():
+        return WHERE, parts[1], min(int(parts[2]), 60000) / 1000
+    if len(parts) == 2 and parts[0] == STACK and parts[1].isdigit() and 0 < int(parts[1]) <= MAX_STACK:
+        return STACK, int(parts[1])
+    return None
+
+
+def hub_says(text: bytes) -> tuple | None:
+    """Read a line of rank 0's: (ABORT,), (BYE,), (FULL,), (SAME, rank), (STACKS,) or (REPORT, bytes that
+    follow); None for anything else."""
+    if text in (ABORT, BYE, FULL, STACKS):
+        return (text,)
+    parts = text.split(b" ")
+    if len(parts) == 2 and parts[0] == SAME and parts[1].isdigit():
+        return SAME, int(parts[1])
+    if len(parts) == 2 and parts[0] == REPORT and parts[1].isdigit() and int(parts[1]) <= MAX_REPORT:
+        return REPORT, int(parts[1])
+    return None
+
+
+def listen(local_only: bool, size: int) -> tuple[socket.socket, str]:
+    """Bind the hub where the other ranks will be told to connect; return (socket, that address)."""
+    backlog = max(size, socket.SOMAXCONN)
+    if local_only:
+        return socket.create_server(("127.0.0.1", 0), backlog=backlog), "127.0.0.1"
+    host = socket.gethostname()
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except OSError:
+        infos = []
+    for family, _, _, _, sockaddr in infos:
+        ip = ipaddress.ip_address(sockaddr[0].split("%")[0])
+        if ip.is_loopback or ip.is_link_local:  # Debian maps the host name to 127.0.1.1
+            continue
+        try:
+            return socket.create_server((str(ip), 0), family=family, backlog=backlog), str(ip)
+        except OSError:
+            continue
+    # No address of this host's name can be bound: every interface, guarded by the secret alone.
+    return socket.create_server(("", 0), backlog=backlog), host
+
+
+def peer_name(conn: socket.socket) -> str:
+    """The address conn comes from, for a message."""
+    try:
+        return conn.getpeername()[0]
+    except OSError:
+        return "an unknown address"
