@@ -3,33 +3,9 @@
 Every error names the problem and, where there is one, the fix.  A
 caller that wants to catch anything spmd raised on purpose catches
 ``spmd.SpmdError``; errors about a bad argument or setting also derive
-from ``ValueError``, a timeout from ``TimeoutError``, so code written
-against the builtins keeps working.
-
-    SpmdError (RuntimeError)
-    +-- SpmdTypeError (TypeError)       a value of a type spmd cannot use
-    +-- SettingsError (ValueError)      a bad SPMD_* variable or init argument
-    +-- PlacementError (ValueError)     the launcher's environment is inconsistent
-    +-- BackendError (ValueError)       a backend unknown or unusable here
-    +-- RendezvousError                 the ranks could not meet
-    +-- CollectiveError (ValueError)    a collective's arguments cannot work
-    +-- CollectiveTimeout (TimeoutError) a collective waited past the timeout
-    +-- CommunicationError              the backend failed a call for another reason (its error chained)
-    |   +-- PeerLostError (ConnectionError) a peer died or closed its connection
-    +-- PipelineError                   spmd.pipeline failed (same message on every rank)
-    |   +-- PipelineValueError (ValueError) a value given to or returned in a pipeline cannot work
-    |   +-- PipelineTypeError (TypeError)   an object given to or returned in a pipeline has the wrong type
-    |   +-- PipelineJournalError            a resume journal is in the way or does not match the run
-    |   +-- PipelinePreempted               stopped at a round's end on the preemption signal; resumable
-    +-- SourceError (ValueError)        a pipeline's input cannot be read or is inconsistent
-    |   +-- SourceTypeError (TypeError)   an object that is no input at all
-    +-- TaskError (ValueError)          spmd.tasks: a task unknown, registered twice or given the wrong rows
-    +-- DataParallelError (ValueError)  spmd.data_parallel misused
-    +-- CheckpointError                 a checkpoint could not be saved or loaded
-    +-- SubmitError (ValueError)        bin/submit cannot make the batch file asked for
-    +-- LaunchError (ValueError)        spmd run / spmd.launch.supervise asked for something impossible
-    +-- BenchError                      spmd bench could not run a measurement
-        +-- BenchArgumentError (ValueError) spmd bench asked for something it cannot measure
+from ``ValueError``, wrong types from ``TypeError``, a timeout from
+``TimeoutError``, so code written against the builtins keeps working.
+The tree, with what each error means: docs/reference.md ("Errors").
 """
 
 __all__ = [
@@ -166,7 +142,7 @@ class BenchArgumentError(BenchError, ValueError):
 PEER_LOST = ("closed by peer", "reset by peer", "Broken pipe", "Connection refused")
 
 
-def is_peer_lost(exc):
+def is_peer_lost(exc: BaseException) -> bool:
     """Tell whether exc reads like a peer that died or hung up, not like this rank's own fault."""
     if isinstance(exc, PeerLostError):
         return True

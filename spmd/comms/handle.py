@@ -27,11 +27,13 @@ class Handle(Generic[R]):
     def __init__(self, wait: Callable[[], Any], test: Callable[[], bool], finish: Callable[[], R]) -> None:
         """wait() blocks until the work is done, test() tells without blocking, finish() gives the result."""
         self._wait, self._test, self._finish = wait, test, finish
-        self._done, self._result = False, None
+        self._done = False
+        self._result: R | None = None
         # The communicator and the record of the call this handle belongs to (bind()), else None.
-        self._owner = self._call = None
+        self._owner: Any = None
+        self._call: tuple[Any, ...] | None = None
 
-    def bind(self, owner: Any, call: tuple) -> None:
+    def bind(self, owner: Any, call: tuple[Any, ...]) -> None:
         """Make this handle the call's (its record, as Monitor.note gave it) on communicator owner.
 
         wait() and is_completed() then run as part of that call
@@ -49,7 +51,7 @@ class Handle(Generic[R]):
         """
         finish = self._finish
 
-        def finishing():
+        def finishing() -> R:
             fn()
             return finish()
 
@@ -64,7 +66,7 @@ class Handle(Generic[R]):
                 self._owner._waiting(self._wait, self._call)
             self._done = True
             self._result = self._finish()
-        return self._result
+        return self._result  # type: ignore[return-value]  # set once done
 
     def is_completed(self) -> bool:
         """Tell, without blocking, whether the collective has completed."""
@@ -90,7 +92,7 @@ class Done(Handle[R]):
         self._done, self._result, self._owner = True, result, None
 
 
-def after(works, finish, async_op):
+def after(works: list[Any], finish: Callable[[], Any], async_op: bool) -> Any:
     """Wait for every work of a list (objects with wait() and is_completed()), or hand back a handle."""
     if async_op:
         return Handle(
