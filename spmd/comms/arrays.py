@@ -25,7 +25,7 @@ OPS = ("sum", "prod", "min", "max", "avg")
 _FAST = frozenset(OPS)
 
 
-def is_tensor(x):
+def is_tensor(x: object) -> bool:
     """Tell whether x is a torch tensor, without importing torch."""
     torch = sys.modules.get("torch")
     return torch is not None and isinstance(x, torch.Tensor)

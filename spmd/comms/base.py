@@ -10,7 +10,7 @@ The reference, and how to write a backend: docs/comms.md.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -93,7 +93,7 @@ class Comm(Collectives, Exchanges, PointToPoint, Objects, CallPath, Checks, Cont
         self._header_buffer = np.zeros(1 + meta.WIDTH + size, dtype=np.int64)
         # Point to point (spmd.comms.p2p): pending immediate receives, and where a blocking
         # receive's header (and inline data) lands, one receive at a time.
-        self._incoming = []
+        self._incoming: list[Any] = []
         self._recv_header, self._recv_row, self._recv_tail = receive_buffers(self)
 
     def __repr__(self) -> str:

@@ -171,7 +171,7 @@ class Monitor:
     #: How a report says that a call failed in its async handle's wait() (the mpi watcher's too).
     IN_WAIT = "in wait() of its async handle"
 
-    def __init__(self, debug=False, trace=None, nvtx=False):
+    def __init__(self, debug: bool = False, trace: str | None = None, nvtx: bool = False) -> None:
         self.seq = 0
         self.busy = 0  # number of the call this rank blocks in (or in whose async wait()), else 0
         self.waiting = None  # the record of the async call whose handle's wait() this rank blocks in

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 __all__ = ["atomic_save", "save_checkpoint", "load_checkpoint"]
 
 
-def _comm(comm):
+def _comm(comm: Comm | None) -> Comm:
     if comm is not None:
         return comm
     from spmd import comm as world

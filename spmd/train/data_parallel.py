@@ -113,7 +113,7 @@ class DataParallel:
 
     # -- parameters ------------------------------------------------------------
 
-    def _check_same_model(self):
+    def _check_same_model(self) -> None:
         """Raise on every rank unless every rank has the same parameters and buffers."""
         if self.comm.size == 1:
             return
@@ -148,7 +148,7 @@ class DataParallel:
         self._micro += 1
         last = self._micro >= self.accum_steps
         with contextlib.nullcontext() if last else self.no_sync():
-            loss.backward()
+            loss.backward()  # type: ignore[no-untyped-call]  # torch leaves it unannotated
         if last:
             self.synchronize()
         return last
@@ -184,24 +184,24 @@ class DataParallel:
         finally:
             self._reset()
 
-    def _average_micro_batches(self):
+    def _average_micro_batches(self) -> None:
         """On one rank: divide the accumulated gradients by accum_steps."""
         if self.accum_steps > 1:
             for p in self.params:
                 if p.grad is not None:
                     p.grad.div_(self.accum_steps)
 
-    def _agree_on_use(self):
+    def _agree_on_use(self) -> tuple[dict[int, bool], list[Any]]:
         """Return which parameters got a gradient on some rank, and the buckets some rank got one late for."""
-        flags = [p.grad is not None for p in self.params]
-        flags += self._scheduler.late_flags()
-        flags = torch.tensor(flags, dtype=torch.int32)
-        self.comm.all_reduce(flags)
-        flags = flags.tolist()
+        got = [p.grad is not None for p in self.params]
+        got += self._scheduler.late_flags()
+        counts = torch.tensor(got, dtype=torch.int32)
+        self.comm.all_reduce(counts)
+        flags = counts.tolist()
         used = {id(p): bool(u) for p, u in zip(self.params, flags)}
         return used, self._scheduler.late(flags[len(self.params):])
 
-    def _reset(self):
+    def _reset(self) -> None:
         self._scheduler.reset()
         self._micro = 0
 

@@ -12,6 +12,8 @@ write of a target removes the temporaries that dead processes of this host left
     out = AtomicFile("big.npy"); out.file.write(header); ...; out.commit()
 """
 
+from __future__ import annotations
+
 import contextlib
 import errno
 import os
@@ -193,7 +195,8 @@ class AtomicFile:
         return False
 
 
-def atomic_write(path, *, text=False, exclusive=False, encoding="utf-8"):
+def atomic_write(path: str | os.PathLike[str], *, text: bool = False, exclusive: bool = False,
+                 encoding: str = "utf-8") -> AtomicFile:
     """Return a context manager whose file object (binary, or text) becomes path when the block ends without error."""
     return AtomicFile(path, text=text, exclusive=exclusive, encoding=encoding)
 

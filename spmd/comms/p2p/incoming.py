@@ -11,7 +11,10 @@ its header in a thread of its own (gloo: a work completes only when
 waited for).
 """
 
+from __future__ import annotations
+
 import threading
+from typing import Any
 
 import numpy as np
 
@@ -51,7 +54,7 @@ def header_buffer(comm):
     return np.empty(meta.WIDTH + -(-comm._inline_bytes // 8), np.int64)
 
 
-def receive_buffers(comm):
+def receive_buffers(comm: Any) -> tuple[Any, Any, Any]:
     """Where comm's blocking receives land, one at a time: (header, its row, the row's tail bytes).
 
     The header buffer (a header_buffer) takes a message's header and inline

@@ -49,7 +49,7 @@ class PointToPoint(MessageChecks, CheckedMessages, ObjectMessages):
 
     #: Immediate receives whose header has not come yet: every wait here moves them on
     #: (a list of the communicator's own, made by Comm.__init__).
-    _incoming = ()
+    _incoming: list[Any] | tuple[()] = ()
 
     #: Whether the backend's works progress only when waited for (gloo): its
     #: immediate receives then wait for their header in a thread of their own.

@@ -9,6 +9,8 @@ one off.  The table of what each holds and its bound: docs/comms.md,
 "The caches".
 """
 
+from __future__ import annotations
+
 import weakref
 
 from spmd.errors import SettingsError
@@ -68,7 +70,7 @@ class Kept:
 class Caches:
     """The performance state of one communicator (see the module docstring)."""
 
-    def __init__(self, size, results=None):
+    def __init__(self, size: int, results: Results | None = None) -> None:
         self.size = size
         self.descs = Descriptions(size)
         self._owns_results = results is None
