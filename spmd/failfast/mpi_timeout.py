@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from spmd.failfast.abort import abort_job, report_message, stacks_report
+from spmd.failfast.calls import timed_out
 
 __all__ = ["MpiTimeout"]
 
@@ -59,11 +60,11 @@ class MpiTimeout:
     def _expire(self, mon, seq, name, in_wait=False):
         # Where every rank is, gathered by the hub while the ranks still wait (rank 0 prints it).
         where = "see the report of every rank's stack" if stacks_report() else "where the others wait cannot be known"
+        peers = "its peer" if name.startswith(("send ", "recv ")) else "the other ranks"
         message = (
-            f"### spmd: rank {self.rank} of {self.size}: {name} (call #{seq}) timed "
-            f"out after {self.timeout:g} s {mon.IN_WAIT + ', ' if in_wait else ''}waiting for "
-            f"{'its peer' if name.startswith(('send ', 'recv ')) else 'the other ranks'} "
-            f"(mpi backend; {where}). Last calls on this rank: {mon.recent()}. Ending the job."
+            timed_out(f"### spmd: rank {self.rank} of {self.size}", f"{name} (call #{seq})", self.timeout,
+                      peers, in_wait)
+            + f" (mpi backend; {where}). Last calls on this rank: {mon.recent()}. Ending the job."
         )
         # One report per job: a rank whose timeout a lower rank reports alike prints one line.
         abort_job(1, after=report_message(message))  # MPI_Abort, once mpirun has had a moment to forward it

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.launcher
 
 FAULTS = WORLDS / "faults.py"
 TIMEOUT = 6  # SPMD_TIMEOUT for these runs, in seconds
-CRASH = 10  # bound for a failure that needs no timeout (issue 13)
+CRASH = 10  # bound for a failure that needs no timeout
 HANG = TIMEOUT + 5  # bound for one found by a timeout
 
 LAUNCHERS = {

@@ -1,4 +1,4 @@
-"""One report per job (issue 13, parts 3 and 5): an error every rank raises alike is printed
+"""One report per job: an error every rank raises alike is printed
 in full once, and a hang (or SIGUSR2) prints where every rank is, grouped.
 
 The unit tests run rank 0's Hub in this process with sockets playing the other ranks, as
