@@ -153,16 +153,16 @@ def _start(settings, environ):
     torch_mpi = name == "mpi" and "torch" in sys.modules and _torch_has_mpi()
     if name == "mpi" and not torch_mpi:
         from spmd.comms.backends.mpi.comm import MpiComm
-        from spmd.failfast.hub import Hub
+        from spmd.failfast.hub import open_hub
         from spmd.failfast.mpi_timeout import MpiTimeout
 
         side = _torch_group(settings, placement, mpi_world, environ)
         comm = MpiComm(mpi_world, placement, seconds, monitor)
         timer = MpiTimeout(comm, monitor.family)
-        hub = Hub(placement.rank, placement.size, comm.broadcast_object, local, seconds, monitor.family)
+        hub = open_hub(placement.rank, placement.size, comm.broadcast_object, local, seconds, monitor.family)
         return comm, [timer, hub] + side
     from spmd.comms.backends.torchdist.world import init_process_group, open_comm
-    from spmd.failfast.hub import Hub, store_share
+    from spmd.failfast.hub import open_hub, store_share
 
     store, device, guards = None, "cpu", []
     if not torch_mpi:  # torch's own MPI group meets through MPI itself
@@ -173,7 +173,7 @@ def _start(settings, environ):
     comm = open_comm(name, placement, device, timeout=seconds, monitor=monitor, store=store)
     if store is not None:
         share = store_share(store, placement.rank)
-        guards.append(Hub(placement.rank, placement.size, share, local, seconds, monitor.family))
+        guards.append(open_hub(placement.rank, placement.size, share, local, seconds, monitor.family))
     return comm, guards
 
 

@@ -17,7 +17,7 @@ import time
 import pytest
 
 from tests.support import MPIRUN, PY, clean_env, start
-from spmd.failfast.hub import MAX_PENDING, PEER_EXIT, Hub
+from spmd.failfast.hub import MAX_PENDING, PEER_EXIT, open_hub
 
 SIZE = 3  # rank 0 in this process, ranks 1 and 2 played by sockets
 
@@ -80,7 +80,7 @@ def hub(exits):
         shared.append(value)
         return value
 
-    hub = Hub(0, SIZE, share, True, 5)
+    hub = open_hub(0, SIZE, share, True, 5)
     hub.shared = shared
     yield hub
     hub.close()
@@ -181,7 +181,7 @@ def test_across_nodes_the_hub_binds_the_address_it_advertises(exits, monkeypatch
     bound = outward if bound == "outward" else bound
     monkeypatch.setattr(socket, "gethostname", lambda: name)
     shared = []
-    hub = Hub(0, 2, lambda v: shared.append(v) or v, False, 5)
+    hub = open_hub(0, 2, lambda v: shared.append(v) or v, False, 5)
     try:
         assert hub._server.getsockname()[0] == bound
         assert hub.address[0] == name
@@ -285,7 +285,7 @@ def test_only_ranks_are_told_abort_and_a_stranger_closing_is_no_death(hub, exits
 @pytest.mark.unit
 def test_close_says_bye_to_the_ranks_only(exits):
     shared = []
-    hub = Hub(0, 2, lambda v: shared.append(v) or v, True, 5)
+    hub = open_hub(0, 2, lambda v: shared.append(v) or v, True, 5)
     stranger = _connect(hub.address)
     rank = _connect(hub.address)
     rank.sendall(f"HELLO 1 {shared[0].split()[1]}\n".encode())
@@ -300,7 +300,7 @@ def test_close_says_bye_to_the_ranks_only(exits):
 
 @pytest.mark.unit
 def test_ranks_hub_meets_rank_0_and_both_close_quietly(hub, exits):
-    ranks = [Hub(r, SIZE, lambda _: hub.shared[0], True, 5) for r in (1, 2)]
+    ranks = [open_hub(r, SIZE, lambda _: hub.shared[0], True, 5) for r in (1, 2)]
     assert wait_for(lambda: hub._met == {1, 2})
     for r in ranks:
         r.close()
@@ -319,7 +319,7 @@ def fake_hub():
 
 def _rank_of(fake_hub):
     port = fake_hub.getsockname()[1]
-    rank = Hub(1, 2, lambda _: f"127.0.0.1:{port} {'s' * 32}", True, 5)
+    rank = open_hub(1, 2, lambda _: f"127.0.0.1:{port} {'s' * 32}", True, 5)
     conn, _ = fake_hub.accept()
     conn.settimeout(5)
     assert conn.recv(64) == b"HELLO 1 " + b"s" * 32 + b"\n"

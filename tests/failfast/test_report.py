@@ -22,7 +22,7 @@ import pytest
 from tests.support import MPIRUN, PY, WORLDS, clean_env, finish, start, tool
 from spmd.failfast import abort
 from spmd.failfast.report import SignalReport, digest, normalise, stacks_text, where
-from spmd.failfast.hub import PEER_EXIT, WINDOW, Hub
+from spmd.failfast.hub import PEER_EXIT, WINDOW, open_hub
 
 needs_mpirun = pytest.mark.skipif(MPIRUN is None, reason="mpirun not found: pip install mpich")
 
@@ -115,7 +115,7 @@ SIZE = 4
 @pytest.fixture
 def hub(exits):
     shared = []
-    hub = Hub(0, SIZE, lambda v: shared.append(v) or v, True, 5)
+    hub = open_hub(0, SIZE, lambda v: shared.append(v) or v, True, 5)
     hub.secret = shared[0].split(" ")[1]
     yield hub
     hub.close()

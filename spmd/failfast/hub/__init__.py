@@ -4,10 +4,15 @@ A rank that fails says so on its connection; a rank that dies without a
 word shows up as its connection closing; either way the hub tells every
 rank to exit at once, whatever the launcher.  It also makes one report of
 what the ranks say: who prints an error in full, and where every rank is.
-``Hub(rank, ...)`` is rank 0's ``HubServer`` or another rank's ``HubClient``
+``open_hub(rank, ...)`` starts rank 0's ``HubServer`` or another rank's ``HubClient``
 (``protocol``: the words; ``judge``: the decisions).  docs/reliability.md,
 "The hub's protocol" and "The hub's threat model".
 """
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from spmd.failfast.abort import PEER_EXIT
 from spmd.failfast.hub.base import Hub, Reply
@@ -17,5 +22,12 @@ from spmd.failfast.hub.protocol import MAX_LINE
 from spmd.failfast.hub.server import MAX_PENDING, HubServer
 from spmd.failfast.hub.share import store_share
 
-__all__ = ["Hub", "HubServer", "HubClient", "Reply", "store_share", "PEER_EXIT", "WINDOW", "MAX_LINE",
+__all__ = ["open_hub", "Hub", "HubServer", "HubClient", "Reply", "store_share", "PEER_EXIT", "WINDOW", "MAX_LINE",
            "MAX_PENDING"]
+
+
+def open_hub(rank: int, size: int, share: Callable[[str | None], str], local_only: bool, timeout: float,
+             monitors: Sequence[Any] = ()) -> Hub:
+    """Start this rank's side of the hub: the server on rank 0, a client elsewhere (Hub's arguments)."""
+    side = HubServer if rank == 0 else HubClient
+    return side(rank, size, share, local_only, timeout, monitors)

@@ -1,15 +1,15 @@
-"""What both sides of the fail-fast hub share: ``Reply``, and ``Hub``, which picks a side by rank.
+"""What both sides of the fail-fast hub share: ``Reply``, and ``Hub``, their base.
 
-``Hub(rank, ...)`` is a ``HubServer`` on rank 0 and a ``HubClient`` on the
-other ranks; both end their process here, once its own report (if it is
-writing one) is written (docs/reliability.md, "The hub's protocol").
+``open_hub(rank, ...)`` (the package's) makes a ``HubServer`` on rank 0 and a
+``HubClient`` on the other ranks; both end their process here, once its own
+report (if it is writing one) is written (docs/reliability.md, "The hub's protocol").
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar
+from typing import Any
 
 from spmd.failfast.abort import exit_now
 
@@ -53,17 +53,6 @@ class Reply:
 
 class Hub:
     """Rank 0's relay of failures and the other ranks' connections to it: one authenticated connection per rank."""
-
-    _sides: ClassVar[dict[bool, type[Hub]]] = {}  # rank 0? -> HubServer or HubClient
-
-    def __init_subclass__(cls, rank_0: bool, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        Hub._sides[rank_0] = cls
-
-    def __new__(cls, rank: int, *args: Any, **kwargs: Any) -> Hub:
-        if cls is Hub:
-            cls = Hub._sides[rank == 0]
-        return super().__new__(cls)
 
     def __init__(self, rank: int, size: int, share: Callable[[str | None], str], local_only: bool,
                  timeout: float, monitors: Sequence[Any] = ()) -> None:

@@ -21,7 +21,7 @@ from spmd.failfast.hub.base import Hub, Reply
 __all__ = ["HubClient"]
 
 
-class HubClient(Hub, rank_0=False):
+class HubClient(Hub):
     """A rank's connection to rank 0's hub, authenticated by the job's secret."""
 
     def __init__(self, rank: int, size: int, share: Callable[[str | None], str], local_only: bool,

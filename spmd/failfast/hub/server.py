@@ -37,7 +37,7 @@ ACCEPT_BATCH = 256
 CLOSE_WAIT = 2.0
 
 
-class HubServer(Hub, rank_0=True):
+class HubServer(Hub):
     """Rank 0's hub: every other rank's connection, the one report of failures and of stacks."""
 
     def __init__(self, rank: int, size: int, share: Callable[[str | None], str], local_only: bool,
