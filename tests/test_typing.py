@@ -38,6 +38,8 @@ PUBLIC = [
     "spmd/comms/p2p/objects.py",
     "spmd/train/data_parallel.py",
     "spmd/train/checkpoint.py",
+    "spmd/pipeline/sources.py",
+    "spmd/pipeline/tasks.py",
 ]
 
 

@@ -21,7 +21,7 @@ import os
 import re
 import zlib
 from pathlib import Path
-from typing import Any, Union
+from typing import IO, Any, Union
 
 import numpy as np
 
@@ -49,7 +49,8 @@ class ArraySource:
 
     def read(self, start: int, stop: int) -> np.ndarray:
         """Return rows start to stop (exclusive)."""
-        return self.array[start:stop]
+        rows: np.ndarray = self.array[start:stop]
+        return rows
 
     def __repr__(self) -> str:
         return f"<ArraySource {self.shape} {self.dtype}>"
@@ -74,14 +75,14 @@ class NpySource:
         """Return rows start to stop (exclusive), copied into memory."""
         return np.array(self._map[start:stop])
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[type, tuple[str]]:
         return (type(self), (os.fspath(self.path),))
 
     def __repr__(self) -> str:
         return f"<NpySource {self.path} {self.shape} {self.dtype}>"
 
 
-def _natural(name):
+def _natural(name: str) -> list[int | str]:
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
 
 
@@ -120,7 +121,7 @@ class ShardSource:
             return np.empty((0,) + self.shape[1:], self.dtype)
         return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[type, tuple[str]]:
         return (type(self), (os.fspath(self.directory),))
 
     def __repr__(self) -> str:
@@ -135,7 +136,8 @@ class CsvSource:
 
     def __init__(self, path: PathLike, dtype: Any = np.float64) -> None:
         self.path, self.dtype = Path(path), np.dtype(dtype)
-        self._file, self._row = None, 0
+        self._file: IO[str] | None = None
+        self._row = 0
         with open(self.path) as f:
             first = f.readline()
             self.header = not _numeric(first)
@@ -147,19 +149,19 @@ class CsvSource:
             width = len(first.split(",")) if first.strip() else 0
         self.shape = (rows, width)
 
-    def _rewind(self):
+    def _rewind(self) -> IO[str]:
         if self._file is not None:
             self._file.close()
         self._file, self._row = open(self.path), 0
         if self.header:
             self._file.readline()
+        return self._file
 
     def read(self, start: int, stop: int) -> np.ndarray:
         """Return rows start to stop (exclusive)."""
-        if self._file is None or start < self._row:
-            self._rewind()
+        file = self._rewind() if self._file is None or start < self._row else self._file
         lines = []
-        for line in self._file:
+        for line in file:
             if not line.strip():
                 continue
             if self._row >= start:
@@ -170,7 +172,7 @@ class CsvSource:
         if not lines:
             return np.empty((0, self.shape[1]), self.dtype)
         try:
-            block = np.loadtxt(lines, delimiter=",", dtype=self.dtype, ndmin=2)
+            block: np.ndarray = np.loadtxt(lines, delimiter=",", dtype=self.dtype, ndmin=2)
         except ValueError as exc:
             raise SourceError(f"{self.path}: rows {start} to {stop}: {exc}") from None
         if block.shape[1] != self.shape[1]:
@@ -182,7 +184,7 @@ class CsvSource:
         return f"<CsvSource {self.path} {self.shape}>"
 
 
-def _numeric(line):
+def _numeric(line: str) -> bool:
     try:
         [float(v) for v in line.split(",")]
     except ValueError:
@@ -209,21 +211,23 @@ class SyntheticTable:
         rng = np.random.default_rng([self.seed, 0])
         self.loc = rng.uniform(-5.0, 5.0, self.features).astype(np.float32)
         self.scale = rng.uniform(0.5, 3.0, self.features).astype(np.float32)
-        self._cached = (None, None)
+        self._cached: tuple[int | None, np.ndarray | None] = (None, None)
 
-    def _generate(self, k, out):
+    def _generate(self, k: int, out: np.ndarray) -> np.ndarray:
         """Fill out with block k's rows (generated in place: no temporaries)."""
         np.random.default_rng([self.seed, 1, k]).standard_normal(out.shape, dtype=np.float32, out=out)
         out *= self.scale  # the same values as z * scale + loc
         out += self.loc
         return out
 
-    def _block(self, k):
-        if self._cached[0] != k:
+    def _block(self, k: int) -> np.ndarray:
+        kept, block = self._cached
+        if kept != k or block is None:
             n = min(self.BLOCK, self.rows - k * self.BLOCK)
             self._cached = (None, None)  # the old block's memory goes before the new one's comes
-            self._cached = (k, self._generate(k, np.empty((n, self.features), np.float32)))
-        return self._cached[1]
+            block = self._generate(k, np.empty((n, self.features), np.float32))
+            self._cached = (k, block)
+        return block
 
     def read(self, start: int, stop: int) -> np.ndarray:
         """Return rows start to stop (exclusive).
@@ -242,7 +246,7 @@ class SyntheticTable:
                 out[a - start : b - start] = self._block(k)[a - lo : b - lo]
         return out
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[type, tuple[int, int, int]]:
         return (type(self), (self.rows, self.features, self.seed))
 
     def fingerprint(self) -> str:

@@ -13,7 +13,7 @@ the reasons.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Tuple, TypeVar
 
 import numpy as np
 
@@ -31,6 +31,14 @@ __all__ = [
     "column_stats",
 ]
 
+#: A task's fn: a block of rows in, a block of results out.
+Fn = Callable[[Any], Any]
+#: Column statistics: each column's mean and standard deviation.
+Stats = Tuple[np.ndarray, np.ndarray]
+#: What a task registers: make(features, seed, stats) -> fn.
+Maker = Callable[[int, int, Any], Fn]
+M = TypeVar("M", bound=Maker)
+
 #: Rows per fixed-shape micro-batch in fixed_batches.
 BATCH = 1024
 
@@ -43,18 +51,18 @@ class Task:
     """A named per-record computation: ``make(features, seed, stats) -> fn``."""
 
     name: str
-    make: Callable
+    make: Maker
     needs_stats: bool = False
     help: str = ""
 
 
-TASKS = {}
+TASKS: dict[str, Task] = {}
 
 
-def register(name: str, *, needs_stats: bool = False) -> Callable[[Callable], Callable]:
+def register(name: str, *, needs_stats: bool = False) -> Callable[[M], M]:
     """Register ``make(features, seed, stats) -> fn`` as task name (a decorator)."""
 
-    def add(make):
+    def add(make: M) -> M:
         if name in TASKS:
             raise TaskError(f"task {name!r} is already registered")
         doc = (make.__doc__ or "").strip().splitlines()
@@ -77,7 +85,7 @@ def names() -> list[str]:
     return sorted(TASKS)
 
 
-def build(name: str, source: Any = None, *, seed: int = 0, comm: Any = None, root: int = 0) -> Callable:
+def build(name: str, source: Any = None, *, seed: int = 0, comm: Any = None, root: int = 0) -> Fn:
     """Make task name's fn on every rank (collective; source is needed on root only).
 
     Root reads the number of features from source and, for tasks that
@@ -88,20 +96,20 @@ def build(name: str, source: Any = None, *, seed: int = 0, comm: Any = None, roo
 
     task = get(name)
 
-    def describe():
+    def describe() -> tuple[int, Stats | None]:
         src = open_source(source)
         if len(src.shape) != 2:
             raise TaskError(f"task {name!r} needs a table of rows and columns, got shape {src.shape}")
         return src.shape[1], column_stats(src) if task.needs_stats else None
 
     features, stats = on_root(describe, comm=comm, root=root, share=True)
-    fn = task.make(features, seed, stats)
+    fn: Fn = task.make(features, seed, stats)
     # what a resume journal records as the task (spmd.pipeline.journal): name, seed and input width
-    fn.spmd_task = f"{name} seed {seed} features {features}"
+    fn.spmd_task = f"{name} seed {seed} features {features}"  # type: ignore[attr-defined]
     return fn
 
 
-def fixed_batches(compute, features, dtype, batch=BATCH):
+def fixed_batches(compute: Callable[[np.ndarray], Any], features: int, dtype: Any, batch: int = BATCH) -> Fn:
     """Wrap compute(buffer) -> rows so that it always sees a buffer of one shape.
 
     Rows are copied into one reused, zero-padded ``(batch, features)``
@@ -119,7 +127,7 @@ def fixed_batches(compute, features, dtype, batch=BATCH):
     probe = np.asarray(compute(buf))
     row_shape, out_dtype = probe.shape[1:], probe.dtype
 
-    def fn(block):
+    def fn(block: Any) -> np.ndarray:
         block = np.asarray(block)
         if block.ndim != 2 or block.shape[1] != features:
             raise TaskError(f"expected rows of {features} values, got a block of shape {block.shape}")
@@ -134,7 +142,7 @@ def fixed_batches(compute, features, dtype, batch=BATCH):
     return fn
 
 
-def column_stats(source, block=STATS_BLOCK):
+def column_stats(source: Any, block: int = STATS_BLOCK) -> Stats:
     """Return the mean and standard deviation (float64) of every column of source.
 
     Reads fixed blocks of rows and merges their moments in order
@@ -162,7 +170,7 @@ HIDDEN, OUTPUTS = 64, 8
 
 
 @register("mlp")
-def mlp(features, seed, stats):
+def mlp(features: int, seed: int, stats: Stats | None) -> Fn:
     """A small torch MLP's forward pass (LayerNorm, 2 hidden GELU layers of 64, 8 outputs), float32."""
     import torch
     from torch import nn
@@ -182,13 +190,14 @@ def mlp(features, seed, stats):
                 layer.weight.copy_(torch.randn(layer.weight.shape, generator=g) / layer.in_features**0.5)
                 layer.bias.copy_(torch.randn(layer.bias.shape, generator=g) * 0.1)
 
-    def forward(buf):
+    def forward(buf: np.ndarray) -> np.ndarray:
         with torch.inference_mode():
-            return model(torch.from_numpy(buf)).numpy()
+            out: np.ndarray = model(torch.from_numpy(buf)).numpy()
+            return out
 
     batched = fixed_batches(forward, features, np.float32)
 
-    def fn(block):
+    def fn(block: Any) -> Any:
         # One thread: batches this small gain nothing from more, and ranks
         # sharing a machine would fight over cores.
         threads = torch.get_num_threads()
@@ -202,19 +211,22 @@ def mlp(features, seed, stats):
 
 
 @register("standardize", needs_stats=True)
-def standardize(features, seed, stats):
+def standardize(features: int, seed: int, stats: Stats | None) -> Fn:
     """Standardise columns with whole-input statistics, then a fixed random projection to 8, float64."""
+    if stats is None:
+        raise TaskError("task 'standardize' needs the input's column statistics: make it with build()")
     mean, std = (np.asarray(s, np.float64) for s in stats)
     rng = np.random.default_rng([seed, 2])
     projection = rng.standard_normal((features, OUTPUTS)) / OUTPUTS**0.5
 
-    def project(buf):
-        return ((buf - mean) / std) @ projection
+    def project(buf: np.ndarray) -> np.ndarray:
+        out: np.ndarray = ((buf - mean) / std) @ projection
+        return out
 
     return fixed_batches(project, features, np.float64)
 
 
 @register("copy")
-def copy(features, seed, stats):
+def copy(features: int, seed: int, stats: Stats | None) -> Fn:
     """The rows unchanged: measures the pipeline's own cost."""
     return lambda block: np.array(block)

@@ -8,6 +8,7 @@ rank was ready (or from the start, for a rank that never starts).
 import collections
 import os
 import re
+import signal
 import threading
 import time
 import uuid
@@ -38,7 +39,7 @@ VARIANTS = {PRELOADED: lambda n: [tool("spmd"), "run", "--preload", "torch", "-n
 class Run(NamedTuple):
     code: int  # the launcher's exit status
     out: str  # its output, every rank's
-    seconds: float  # from every rank ready (else from the start) to the launcher's exit
+    seconds: float  # from every rank ready (else from the first rank entering init) to the launcher's exit
     left: dict  # {pid: command line} of the run's processes alive 1 s after that exit
 
 
@@ -53,11 +54,13 @@ def play(launcher, scenario, size=2, script=FAULTS, react=None, strict=True, **e
     mark = f"spmd-fault-{uuid.uuid4().hex[:12]}"
     cmd = {**LAUNCHERS, **VARIANTS}[launcher](size) + [script, scenario, mark]
     proc = start(cmd, clean_env(SPMD_TIMEOUT=TIMEOUT, FAULTS_MARK=mark, **env))
-    began, ready, lines = time.monotonic(), [None], []
+    began, ready, entered, lines = time.monotonic(), [None], [None], []
 
     def read():
         for line in proc.stdout:
             lines.append(line)
+            if entered[0] is None and "INIT rank" in line:
+                entered[0] = time.monotonic()  # a rank waits for the others from here: interpreter start is behind
             if sum("READY rank" in seen for seen in lines) == size and ready[0] is None:
                 ready[0] = time.monotonic()
             if react is not None:
@@ -69,13 +72,13 @@ def play(launcher, scenario, size=2, script=FAULTS, react=None, strict=True, **e
         code = proc.wait(timeout=120)
         ended = time.monotonic()
     except Exception:
-        os.killpg(proc.pid, 9)
+        os.killpg(proc.pid, signal.SIGKILL)
         reader.join(5)
         left_behind(mark)
         pytest.fail(f"{launcher} {scenario} hung for 120 s:\n{''.join(lines)[-3000:]}")
     left = left_behind(mark)
     reader.join(5)
-    run = Run(code, "".join(lines), ended - (ready[0] or began), left)
+    run = Run(code, "".join(lines), ended - (ready[0] or entered[0] or began), left)
     if strict and left:
         pytest.fail(f"{launcher} {scenario} left {len(left)} process(es) behind (killed now):\n"
                     + "\n".join(f"  {pid}: {cmd}" for pid, cmd in left.items())

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 import numpy.typing as npt
 import torch
@@ -51,7 +53,7 @@ def training(model: torch.nn.Module, path: str) -> None:
 
 
 @register("double")
-def make_double(features: int, seed: int, stats: object) -> object:
+def make_double(features: int, seed: int, stats: object) -> Callable[[npt.NDArray[np.float32]], npt.NDArray[np.float32]]:
     return lambda block: block * 2.0
 
 

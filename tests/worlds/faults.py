@@ -25,6 +25,7 @@ if scenario == "init-death" and detect().rank == 1:
     spmd.failfast.hub.HubClient.__init__ = lambda *args, **kw: os.kill(os.getpid(), signal.SIGKILL)
 if scenario == "gather-kill":  # allocated before READY: 128 MiB of float32 from each rank
     big = np.ones(32 << 20, dtype=np.float32)
+print(f"INIT rank {detect().rank}", flush=True)  # the promise "init fails within the timeout" starts here
 comm = spmd.init()
 r = comm.rank
 x = np.ones(1000)
