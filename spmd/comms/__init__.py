@@ -1,1 +1,4 @@
-"""Communicator implementations: the interface and one module per backend."""
+"""Communicators: ``Comm`` (base), the backend contract, the call path, the method families and the backends.
+
+docs/comms.md is the reference; docs/architecture.md places this room among the others.
+"""

@@ -1,1 +1,1 @@
-"""Small helpers every layer may use: atomic writes, sizes in bytes, spmd's own paths."""
+"""Small helpers every layer may use: atomic writes, sizes in bytes, bus bandwidth, spmd's own paths."""
