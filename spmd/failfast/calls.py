@@ -19,16 +19,15 @@ import time
 from typing import Any, NamedTuple
 
 from spmd.errors import CollectiveError, CollectiveTimeout, CommunicationError, PeerLostError
-from spmd.util.bandwidth import BUS_FACTORS, bus_factor
+from spmd.util.bandwidth import bus_factor
 from spmd.util.paths import is_spmd_file
 
-__all__ = ["Call", "named", "Monitor", "fingerprint_mismatch", "timed_out", "summarize", "chrome_trace", "BUS_FACTORS"]
+__all__ = ["Call", "named", "Monitor", "fingerprint_mismatch", "timed_out", "summarize", "chrome_trace"]
 
 
 # Shape rules: which ranks' shapes must agree for each collective.
 _SAME_SHAPE = {"broadcast", "reduce", "all_reduce"}
 _SAME_TRAILING = {"gather", "all_gather"}
-
 
 
 def _nbytes(x):
@@ -94,9 +93,6 @@ def caller():
     if frame is None:
         return "?"
     return f"{frame.f_code.co_filename}:{frame.f_lineno}"
-
-
-_caller = caller
 
 
 def call_name(call):
@@ -250,7 +246,7 @@ class Monitor:
         call = named(record)
         if self.debug:
             dtype = None if call.dtype is None else str(call.dtype).replace("torch.", "")
-            call = call._replace(dtype=dtype, shape=tuple(call.shape), where=_caller())
+            call = call._replace(dtype=dtype, shape=tuple(call.shape), where=caller())
             self.ring[-1] = call
             if collective:  # point to point is checked by its receiver (spmd.comms.p2p.methods)
                 error = fingerprint_mismatch(comm._all_gather_object(call))

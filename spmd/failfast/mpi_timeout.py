@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from spmd.failfast.abort import abort_job, report_message, stacks_report
-from spmd.failfast.calls import timed_out
+from spmd.failfast.calls import SEQ, timed_out
 
 __all__ = ["MpiTimeout"]
 
@@ -52,9 +52,9 @@ class MpiTimeout:
                 if first is None or first[0] != busy:
                     since[id(mon)] = (busy, now)
                 elif now - first[1] > timeout:
-                    in_wait = waiting is not None and waiting[0] == busy
-                    fp = mon.find(busy)  # (an async call's wait: found though out of the ring)
-                    name = mon.name_of(fp) if fp else "a collective"
+                    in_wait = waiting is not None and waiting[SEQ] == busy
+                    call = mon.find(busy)  # (an async call's wait: found though out of the ring)
+                    name = mon.name_of(call) if call else "a collective"
                     self._expire(mon, busy, name, in_wait)
 
     def _expire(self, mon, seq, name, in_wait=False):

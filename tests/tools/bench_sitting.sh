@@ -6,7 +6,9 @@
 # raw library in the same run, then the median over runs and the run-to-run spread.
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/../.." && pwd)"
-before="$(cd "$1" && pwd)"; after="$(cd "$2" && pwd)"; repeats="${3:-3}"; shift $(( $# >= 3 ? 3 : $# ))
+before="$(cd "$1" && pwd)"; after="$(cd "$2" && pwd)"; shift 2
+repeats=3
+if [[ "${1:-}" =~ ^[0-9]+$ ]]; then repeats="$1"; shift; fi
 py="${SPMD_VENV:-$repo/.venv}/bin/python"
 out="$(mktemp -d)"
 files=()
