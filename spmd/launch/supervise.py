@@ -49,6 +49,7 @@ STRIPPED = (
 GRACE = 3.0  # seconds between SIGTERM and SIGKILL
 POLL = 0.05  # seconds between checks of the children
 SETTLE = 3.0  # seconds the other ranks get to report a failure and exit by themselves
+CAUSE_WAIT = 10.0  # ... and, while only ranks a peer ended (75) have exited, for the rank that failed
 
 
 def child_env(rank, size, *, port, master_addr="127.0.0.1", backend=None,
@@ -236,15 +237,18 @@ def _first_cause(procs, rank, code, stop=()):
     they are terminated: the hub in rank 0 needs that moment to name a rank
     that died without a word (a SIGKILL), and a rank that raised may exit
     a moment after the peers it brought down (status PEER_EXIT), whose
-    status must not stand for its own.
+    status must not stand for its own: while no other status has been
+    seen, the wait goes on up to CAUSE_WAIT seconds.
     """
     first = (rank, code) if code != PEER_EXIT else None
-    deadline = time.monotonic() + SETTLE
-    while time.monotonic() < deadline and not stop:
+    start = time.monotonic()
+    while not stop:
         codes = [p.poll() for p in procs]
         if first is None:
             first = next(((r, c) for r, c in enumerate(codes) if c not in (None, 0, PEER_EXIT)), None)
         if None not in codes:
+            break
+        if time.monotonic() - start >= (SETTLE if first is not None else max(SETTLE, CAUSE_WAIT)):
             break
         time.sleep(POLL)
     return first or (rank, code)

@@ -360,6 +360,15 @@ def test_the_first_cause_is_the_rank_that_failed_not_the_ranks_it_ended(monkeypa
     running = _Exits(0, after=10**9)
     assert module._first_cause([running, _Exits(2)], 1, 2) == (1, 2)
     assert running.polls >= 1
+    # While only ranks a peer ended (75) have exited, the rank that failed is waited for
+    # past SETTLE (its report can take longer than SETTLE under load), up to CAUSE_WAIT.
+    monkeypatch.setattr(module, "SETTLE", 0.001)
+    monkeypatch.setattr(module, "CAUSE_WAIT", 1e6)
+    assert module._first_cause([_Exits(75), _Exits(1, after=200)], 0, 75) == (1, 1)
+    monkeypatch.setattr(module, "CAUSE_WAIT", 0.05)
+    running = _Exits(0, after=10**9)
+    assert module._first_cause([_Exits(75), running], 0, 75) == (0, 75)
+    assert running.polls >= 2
 
 
 @pytest.mark.unit
