@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 _F = TypeVar("_F", bound=Callable[[], object])
 
-__all__ = ["init", "finalize", "initialized", "on_finalize", "abort_job", "DEFAULT_TIMEOUT"]
+__all__ = ["init", "init_watched", "finalize", "initialized", "on_finalize", "abort_job", "DEFAULT_TIMEOUT"]
 
 _lock = threading.RLock()
 _comm = None
@@ -137,8 +137,8 @@ def _monitor(settings, nccl):
     return Monitor(settings.debug, settings.trace, nvtx=nccl)
 
 
-def _start(settings, environ):
-    """Start the communicator; return it and the guards that watch it."""
+def _start(settings, environ, guarded=True):
+    """Start the communicator; return it and the guards that watch it (none when not guarded)."""
     placement = detect(environ)
     seconds = settings.timeout
     if placement.size == 1:
@@ -171,7 +171,7 @@ def _start(settings, environ):
         device = _nccl_device(placement, store)
     init_process_group(name, store, placement.rank, placement.size, seconds, device)
     comm = open_comm(name, placement, device, timeout=seconds, monitor=monitor, store=store)
-    if store is not None:
+    if store is not None and guarded:
         share = store_share(store, placement.rank)
         guards.append(open_hub(placement.rank, placement.size, share, local, seconds, monitor.family))
     return comm, guards
@@ -316,6 +316,27 @@ def init(backend: str | None = None, timeout: float | timedelta | None = None, d
                 f"spmd is already running with a timeout of {_comm.timeout:g} s; call "
                 "spmd.init(timeout=...) before the first use of comm, or set SPMD_TIMEOUT"
             )
+        return _comm
+
+
+def init_watched(backend: str | None = None, timeout: float | None = None) -> Comm:
+    """Start the global communicator of a rank whose parent watches it (spmd's pytest ranks).
+
+    As init over torch.distributed's store (the launcher's variables), but
+    without the guards a job needs and this rank's parent provides: no hub,
+    no excepthook, no finalize at exit.  The parent ends the rank with
+    os._exit, and a rank that dies or hangs is its parent's to report.
+    """
+    global _comm, _guards
+    with _lock:
+        if _comm is not None:
+            raise SettingsError("init_watched: spmd is already running in this process")
+        settings = Settings.parse(os.environ, backend, timeout, None, None, False)
+        _comm, _guards = _start(settings, os.environ, guarded=False)
+        _comm._caches.results.configure(settings.keep_results, _comm.local_size)
+        if _comm.size > 1:
+            _comm._barrier()
+        _comm._mon.restart()
         return _comm
 
 

@@ -1,0 +1,146 @@
+"""The fork server of plain ``pytest``: ``python -m spmd.testing.server FD ARGS...``.
+
+The controller (the user's pytest, spmd.testing.local) starts it with the
+same arguments, in the same directory.  It runs pytest's configuration and
+collection as the controller does, so the test modules and what they
+import are loaded once, and then, instead of running the tests, serves
+the controller's requests on the socket FD: for each marked test, fork its
+ranks (spmd.testing.watch) and answer with their reports.  It writes no
+terminal output, junit file or cache of its own: the controller owns them.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from spmd.launch.forkserver.process import die_with, end_now
+from spmd.launch.forkserver.safety import probe
+from spmd.testing import wire
+
+__all__ = ["main", "Serving", "PRELOAD"]
+
+#: spmd's modules a test's ranks need, imported before forking so that no rank imports them.
+PRELOAD = (
+    "spmd.runtime.start", "spmd.runtime.rendezvous", "spmd.comms.backends.torchdist.world",
+    "spmd.comms.backends.torchdist.gloo", "spmd.failfast.calls", "spmd.failfast.report",
+    "spmd.comms.api.collectives", "spmd.comms.p2p.methods", "numpy", "torch",
+)
+
+#: Plugins of the controller's that must not run here: they would write its files or its terminal.
+_SILENCED = ("terminalreporter", "lfplugin", "nfplugin", "stepwiseplugin")
+
+
+class _Silence:
+    """After every plugin's configure: unregister the ones that would write the controller's output."""
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_configure(self, config: Any) -> None:
+        for name in _SILENCED:
+            plugin = config.pluginmanager.get_plugin(name)
+            if plugin is not None:
+                config.pluginmanager.unregister(plugin)
+
+
+class Serving:
+    """The server's pytest plugin: collect as the controller does, then serve instead of running."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.served = False
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_configure(self, config: Any) -> None:
+        config.option.xmlpath = None  # the controller writes the junit file
+        config.option.usepdb = False  # no terminal here to debug in
+        config.option.reportchars = ""
+
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtestloop(self, session: Any) -> bool:
+        self.served = True
+        serve(session, self.sock)
+        return True
+
+
+def _preload() -> str | None:
+    """Import what every rank needs; return why forking would be unsafe now, or None."""
+    import importlib
+
+    import threading
+
+    for name in PRELOAD:
+        importlib.import_module(name)
+    fix = "start it in a fixture instead, which runs in each rank"
+    others = [t.name for t in threading.enumerate() if t is not threading.main_thread()]
+    if others:
+        return (f"the rank server cannot fork ranks: collecting the tests started thread(s) {others} "
+                f"(a test module or conftest.py, at import), and forking a process with threads is unsafe; {fix}")
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        return f"the rank server cannot fork ranks: a test module initialised CUDA at import; {fix}"
+    if probe(["the test modules"]) is not None:
+        return ("the rank server cannot fork ranks: a forked child could not run a matrix product, most likely "
+                "because a test module ran a parallel torch or numpy computation at import (its OpenMP "
+                f"threads hang a forked child); {fix}")
+    return None
+
+
+def serve(session: Any, sock: socket.socket) -> None:
+    """Answer the controller's requests until it closes the socket."""
+    from spmd.testing.watch import run_test
+
+    items = {item.nodeid: item for item in session.items}
+    refused = _preload()
+    base = Path(session.config._tmp_path_factory.getbasetemp())
+    wire.send(sock, {"ready": True, "pid": os.getpid(), "refused": refused})
+    count = 0
+    while True:
+        request = wire.recv(sock)
+        if request is None:
+            return
+        item = items.get(request["nodeid"])
+        if item is None:
+            wire.send(sock, {"error": f"the rank server did not collect {request['nodeid']!r} "
+                                      "(its collection differs from this session's)"})
+            continue
+        if refused:
+            wire.send(sock, {"error": refused})
+            continue
+        count += 1
+        test_base = base / f"t{count}"
+        test_base.mkdir()
+        result = run_test(item, request["size"], request["backend"], request["timeout"], test_base, [sock])
+        wire.send(sock, result)
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    controller = os.getppid()
+    die_with(controller)
+    sock = socket.socket(fileno=int(argv[0]))
+    try:  # a test module's `from mpi4py import MPI` must not start MPI here: forked ranks cannot share it
+        import mpi4py
+
+        mpi4py.rc.initialize = False
+        mpi4py.rc.finalize = False
+    except ImportError:
+        pass
+    plugin = Serving(sock)
+    code = pytest.main(list(argv[1:]), plugins=[plugin, _Silence()])
+    if not plugin.served:
+        try:
+            wire.send(sock, {"ready": False, "error": f"the rank server's pytest ended before serving "
+                                                      f"(exit status {int(code)}): see its output above"})
+        except OSError:
+            pass
+    end_now(0)
+
+
+if __name__ == "__main__":
+    main()

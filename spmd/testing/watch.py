@@ -1,0 +1,273 @@
+"""The fork server's side of one test: fork its ranks, collect their reports, end them together.
+
+What ends a test's ranks (docs/testing-your-code.md, "Faults"):
+
+- every rank has finished: each is told to leave;
+- a rank failed a phase or died: the others get GRACE seconds to finish
+  by themselves, then those still running are asked where they are and
+  stopped (SIGKILL), so an exception on one rank while the others wait in
+  a collective fails the test in seconds, not at its timeout;
+- the test's timeout (plus MARGIN, so that spmd's own collective timeout,
+  which names the call every rank waits in, is heard first): every rank
+  still running is asked where it is and stopped.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import selectors
+import signal
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+from spmd.launch.forkserver.process import die_with, flush_std
+from spmd.testing import rank as rank_
+from spmd.testing import wire
+
+__all__ = ["run_test", "GRACE", "MARGIN", "ASK"]
+
+#: Seconds the other ranks get to finish after one rank failed or died.
+GRACE = 2.0
+#: Seconds past the test's timeout before the server stops its ranks.
+MARGIN = 1.0
+#: Seconds ranks get to say where they are before they are stopped.
+ASK = 1.0
+
+_PHASES = ("setup", "call", "teardown")
+
+
+class _Rank:
+    """What the server knows of one forked rank."""
+
+    def __init__(self, rank: int, pid: int, sock: socket.socket) -> None:
+        self.rank, self.pid, self.sock = rank, pid, sock
+        self.reports: list[dict[str, Any]] = []
+        self.finished = False  # sent every report and waits to leave
+        self.gone = False  # its socket closed: exited or killed
+        self.status: int | None = None  # os.waitstatus_to_exitcode, once reaped
+        self.where: dict[str, Any] | None = None
+        self.stopped: str | None = None  # why the server stopped it
+
+    @property
+    def phase(self) -> str:
+        """The phase this rank is in (or was in when it ended)."""
+        done = [r["when"] for r in self.reports]
+        if any(r.get("outcome") != "passed" for r in self.reports if r["when"] == "setup"):
+            return "teardown"
+        for when in _PHASES:
+            if when not in done:
+                return when
+        return "teardown"
+
+    def failed(self) -> bool:
+        return any(r.get("outcome") == "failed" for r in self.reports)
+
+
+def _fork(item: Any, size: int, backend: str, timeout: float, base: Path, close: list[socket.socket]) -> list[_Rank]:
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))  # the store of rank 0 accepts on it: loopback only
+    listener.listen(4 * size)
+    port = listener.getsockname()[1]
+    server = os.getpid()
+    ranks: list[_Rank] = []
+    capman = item.config.pluginmanager.getplugin("capturemanager")
+    if capman is not None:
+        capman.suspend_global_capture()
+    flush_std()
+    gc.freeze()  # what collection made: never copied by a rank's collections
+    try:
+        for r in range(size):
+            mine, theirs = wire.pair()
+            pid = os.fork()
+            if pid == 0:
+                mine.close()
+                for s in close + [rk.sock for rk in ranks]:
+                    s.close()
+                if r != 0:
+                    listener.close()
+                die_with(server)
+                ticket = rank_.Ticket(r, size, port, listener.fileno() if r == 0 else None, backend, timeout, base)
+                rank_.run(item, ticket, theirs)
+            theirs.close()
+            ranks.append(_Rank(r, pid, mine))
+    finally:
+        listener.close()
+        gc.unfreeze()
+        if capman is not None:
+            capman.resume_global_capture()
+    return ranks
+
+
+def _reap(r: _Rank) -> None:
+    _, status = os.waitpid(r.pid, 0)
+    r.status = os.waitstatus_to_exitcode(status)
+
+
+class _Watch:
+    def __init__(self, ranks: list[_Rank], timeout: float) -> None:
+        self.ranks, self.timeout = ranks, timeout
+        self.sel = selectors.DefaultSelector()
+        for r in ranks:
+            self.sel.register(r.sock, selectors.EVENT_READ, r)
+        self.first_failure: float | None = None
+        self.why: str | None = None
+        self.stacks: str | None = None
+        self.left = False
+
+    def _read(self, r: _Rank, now: float) -> None:
+        message = wire.recv(r.sock)
+        if message is None:
+            r.gone = True
+            self.sel.unregister(r.sock)
+            r.sock.close()
+            _reap(r)
+            if not r.finished and r.stopped is None and self.first_failure is None:
+                self.first_failure = now
+            return
+        if "report" in message:
+            r.reports.append(message["report"])
+            if message["report"].get("outcome") == "failed" and self.first_failure is None:
+                self.first_failure = now
+        elif "done" in message:
+            r.finished = True
+        elif "where" in message:
+            r.where = message["where"]
+
+    def _pump(self, until: float) -> None:
+        now = time.monotonic()
+        for key, _ in self.sel.select(timeout=max(0.0, until - now)):
+            self._read(key.data, time.monotonic())
+
+    def _stop(self, ranks: list[_Rank], why: str) -> None:
+        """Ask ranks where they are, then end them."""
+        for r in ranks:
+            try:
+                wire.send(r.sock, "where")
+            except OSError:
+                pass
+        deadline = time.monotonic() + ASK
+        while time.monotonic() < deadline and any(r.where is None and not r.gone for r in ranks):
+            self._pump(deadline)
+        for r in ranks:
+            if not r.gone:
+                r.stopped = why
+                try:
+                    os.kill(r.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        self.stacks = _stacks([r for r in self.ranks if r.stopped])
+
+    def _leave(self) -> None:
+        for r in self.ranks:
+            if not r.gone:
+                try:
+                    wire.send(r.sock, "leave")
+                except OSError:
+                    pass
+        self.left = True
+
+    def run(self, start: float) -> None:
+        deadline = start + self.timeout + MARGIN
+        while any(not r.gone for r in self.ranks):
+            running = [r for r in self.ranks if not r.gone and not r.finished and r.stopped is None]
+            if not running and not self.left:
+                self._leave()
+            now = time.monotonic()
+            if running and now >= deadline:
+                self.why = f"the test did not finish within its timeout of {self.timeout:g} s"
+                self._stop(running, self.why)
+                continue
+            if running and self.first_failure is not None and now >= self.first_failure + GRACE:
+                failed = [r.rank for r in self.ranks if r.failed() or (r.gone and not r.finished)]
+                who = _who(failed)
+                self.why = f"{who} failed and it had not finished {GRACE:g} s later"
+                self._stop(running, self.why)
+                continue
+            wake = deadline if self.first_failure is None else min(deadline, self.first_failure + GRACE)
+            self._pump(wake if running else now + 5.0)
+
+
+def _stacks(stopped: list[_Rank]) -> str | None:
+    """Each stopped rank's stack from the test's frames inward, identical ones once."""
+    seen: dict[str, list[int]] = {}
+    for r in stopped:
+        if r.where and r.where.get("stack"):
+            seen.setdefault(r.where["stack"], []).append(r.rank)
+    if not seen:
+        return None
+    parts = []
+    for stack, ranks in seen.items():
+        who = f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
+        parts.append(f"where {who} stood when stopped (innermost last):\n{stack.rstrip()}")
+    return "\n".join(parts)
+
+
+def _who(ranks: list[int]) -> str:
+    if not ranks:
+        return "a rank"
+    return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
+
+
+def _ending(r: _Rank) -> str | None:
+    """How a rank that did not finish ended, in words; None for one that finished."""
+    if r.finished and not r.stopped:
+        return None
+    during = f"during the {r.phase}"
+    if r.stopped:
+        place = " (it did not say where it was)"
+        if r.where:
+            call = r.where.get("call")
+            place = f", waiting in {call} at " if call else ", at "
+            place += f"{r.where.get('where', '?')}" + ("" if call else f" in {r.where.get('func', '?')}()")
+        return f"was stopped {during}{place}: {r.stopped}"
+    code = r.status
+    if code is not None and code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"died {during}: killed by {name} (signal {-code})"
+    return f"exited {during} with status {code}"
+
+
+def _crash_text(base: Path, rank: int) -> str:
+    """A dead rank's fatal error and its stack from the test's file inward, if it wrote one."""
+    try:
+        text = (base / f".rank{rank}.crash").read_text()
+    except OSError:
+        return ""
+    lines = text.splitlines()
+    head = [ln for ln in lines[:1] if ln.startswith("Fatal Python error")]
+    try:
+        start = next(i for i, ln in enumerate(lines) if ln.startswith(("Current thread", "Stack (")))
+    except StopIteration:
+        return "\n".join(head)
+    stack = []
+    for ln in lines[start + 1:]:
+        if not ln.startswith("  File"):
+            break
+        stack.append(ln)
+        if "/_pytest/" in ln or "/pluggy/" in ln:
+            stack.pop()
+            break
+    return "\n".join(head + ([lines[start]] + stack if stack else []))
+
+
+def run_test(item: Any, size: int, backend: str, timeout: float, base: Path,
+             close: list[socket.socket]) -> dict[str, Any]:
+    """Run item on size forked ranks; return every rank's reports and how each that did not finish ended."""
+    start = time.monotonic()
+    ranks = _fork(item, size, backend, timeout, base, close)
+    watch = _Watch(ranks, timeout)
+    watch.run(start)
+    endings = {}
+    for r in ranks:
+        text = _ending(r)
+        if text is not None:
+            crash = _crash_text(base, r.rank) if not r.stopped else ""
+            endings[r.rank] = {"phase": r.phase, "text": text + ("\n" + crash if crash else "")}
+    return {"size": size, "reports": {r.rank: r.reports for r in ranks}, "endings": endings,
+            "why": watch.why, "stacks": watch.stacks}
