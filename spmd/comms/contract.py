@@ -108,6 +108,10 @@ class Contract(abc.ABC):
     def _split_comm(self, color, key):
         """Return the communicator of the ranks that passed this color (ordered by key), None for color None."""
 
+    @abc.abstractmethod
+    def _free(self):
+        """Release this communicator that split made (its ranks call it together); raise for the world."""
+
     # -- optional hooks: fast paths, devices, release --------------------------------
     # Direct hooks return (fn, args) with fn(*args) running the call (and, for
     # scatter and the gathers, giving its result), or None to leave the call to

@@ -196,6 +196,11 @@ class Monitor:
         self.family.append(sub)
         return sub
 
+    def forget(self):
+        """Leave the family of monitors the watchdogs read (a freed sub-communicator's)."""
+        if self in self.family and self.family[0] is not self:
+            self.family.remove(self)
+
     def note(self, name, x=None, root=None, op=None, where=None):
         """Count a call and keep its record; return it (a plain tuple in Call's order: read it by named()).
 

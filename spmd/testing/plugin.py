@@ -51,6 +51,7 @@ def _timeout(config: Any) -> float:
     return float(value)
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: Any) -> None:
     config.addinivalue_line("markers", _MARKER)
     if os.environ.get("SPMD_PYTEST_SERVER") == "1":

@@ -67,3 +67,12 @@ class Objects:
             raise CollectiveError(f"split: color must be a non-negative int or None, got {color!r}")
         key = self.rank if key is None else key
         return self._call(self._split_comm, (color, key), "split")
+
+    def free(self) -> None:
+        """Release a communicator that split made, as MPI_Comm_free: its ranks call it together.
+
+        Its process group (or MPI communicator) and buffers go at once, not
+        at finalize; it cannot be used after.  The world ends with
+        spmd.finalize().
+        """
+        self._free()

@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 from spmd.comms.backends.torchdist import stuck
 from spmd.comms.base import Comm
+from spmd.errors import CollectiveError
 from spmd.comms.handle import Done, Handle
 from spmd.comms.backends.torchdist.arrays import OPS, all_gather_single, as_kind, tensor, wire
 from spmd.comms.backends.torchdist.p2p import TorchMessages
@@ -297,6 +298,17 @@ class TorchComm(TorchMessages, Comm):
                 mine._family = self._family
                 self._family.add(mine)
         return mine
+
+    def _free(self):
+        if self._ranks is None:
+            raise CollectiveError("free: the world communicator ends with spmd.finalize(), not free()")
+        self._stop_messages()  # its sends still in flight finish first
+        if self._group is not None and dist.is_initialized():
+            dist.destroy_process_group(self._group)
+        self._family.discard(self)
+        self._mon.forget()
+        self._caches.clear()
+        self._release()
 
     def _global(self, rank):
         return rank if self._ranks is None else self._ranks[rank]
