@@ -44,6 +44,7 @@ __all__ = [
     "LaunchError",
     "BenchError",
     "BenchArgumentError",
+    "MarkerError",
 ]
 
 from spmd.runtime.proxy import comm
@@ -57,6 +58,7 @@ from spmd.errors import (  # every error spmd raises: the tree under SpmdError
     CommunicationError,
     DataParallelError,
     LaunchError,
+    MarkerError,
     PeerLostError,
     PipelineError,
     PipelineTypeError,

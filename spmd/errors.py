@@ -33,6 +33,7 @@ __all__ = [
     "LaunchError",
     "BenchError",
     "BenchArgumentError",
+    "MarkerError",
     "PEER_LOST",
     "is_peer_lost",
 ]
@@ -136,6 +137,10 @@ class BenchError(SpmdError):
 
 class BenchArgumentError(BenchError, ValueError):
     """spmd bench was asked for something it cannot measure (an unknown collective, bad sizes)."""
+
+
+class MarkerError(SpmdError, ValueError):
+    """A test's ``@pytest.mark.spmd`` asks for what cannot run (spmd's pytest plugin, docs/testing-your-code.md)."""
 
 
 #: Words of backend errors that mean a peer vanished or closed its connection.

@@ -322,10 +322,9 @@ def init(backend: str | None = None, timeout: float | timedelta | None = None, d
 def init_watched(backend: str | None = None, timeout: float | None = None) -> Comm:
     """Start the global communicator of a rank whose parent watches it (spmd's pytest ranks).
 
-    As init over torch.distributed's store (the launcher's variables), but
-    without the guards a job needs and this rank's parent provides: no hub,
-    no excepthook, no finalize at exit.  The parent ends the rank with
-    os._exit, and a rank that dies or hangs is its parent's to report.
+    As init, without the guards a job needs and the parent provides (no hub,
+    excepthook or finalize at exit): the parent reports a rank that dies or
+    hangs, and ends its ranks with os._exit.
     """
     global _comm, _guards
     with _lock:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from spmd.errors import SpmdTypeError
+from spmd.errors import MarkerError
 
 __all__ = ["Spec", "read", "spec_of", "size_of", "size_id", "PARAM", "BACKENDS", "COMM"]
 
@@ -25,12 +25,12 @@ class Spec:
     parametrized: bool
 
 
-def _bad(where: str, what: str) -> SpmdTypeError:
-    return SpmdTypeError(f"{where}: @pytest.mark.spmd: {what}")
+def _bad(where: str, what: str) -> MarkerError:
+    return MarkerError(f"{where}: @pytest.mark.spmd: {what}")
 
 
 def read(mark: Any, where: str = "test") -> Spec:
-    """Return the Spec of a marker, or raise SpmdTypeError naming the test and the fix."""
+    """Return the Spec of a marker, or raise MarkerError naming the test and the fix."""
     args, kwargs = list(mark.args), dict(mark.kwargs)
     if len(args) > 1:
         raise _bad(where, f"takes one positional argument (ranks), got {len(args)}")

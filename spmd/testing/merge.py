@@ -45,7 +45,7 @@ class Merged:
         deaths = self._deaths()
         if deaths:  # a rank that died is the cause; its peers' errors are the consequence
             rank, text = deaths[0]
-            return ReprFileLocation(where[0], where[1], f"rank {rank} {text}")
+            return ReprFileLocation(where[0], where[1], f"rank {rank} {text.splitlines()[0]}")
         if self.groups:
             ranks, longrepr = self.groups[0]
             crash = getattr(longrepr, "reprcrash", None)
@@ -53,7 +53,7 @@ class Merged:
                 return ReprFileLocation(crash.path, crash.lineno, f"[{labels(ranks)}] {crash.message}")
             return ReprFileLocation(where[0], where[1], f"[{labels(ranks)}] {str(longrepr).splitlines()[-1:]}")
         rank, text = sorted(self.endings.items())[0]
-        return ReprFileLocation(where[0], where[1], f"rank {rank} {text}")
+        return ReprFileLocation(where[0], where[1], f"rank {rank} {text.splitlines()[0]}")
 
     def toterminal(self, tw: TerminalWriter) -> None:
         for rank, text in self._deaths():

@@ -24,6 +24,7 @@ from spmd.failfast.report import where
 from spmd.launch.supervise import child_env
 from spmd.testing import wire
 from spmd.testing.frames import hide_spmd_frames
+from spmd.testing.tmp import share
 from spmd.testing.marks import COMM
 
 __all__ = ["run", "Ticket"]
@@ -80,25 +81,6 @@ class _Channel:
         self._leave.wait()
 
 
-def _share_tmp(config: Any, base: Path) -> None:
-    """Make the test's temporary directories the same on every rank, and its own (under base)."""
-    factory = getattr(config, "_tmp_path_factory", None)
-    if factory is None:
-        return
-    counts: dict[str, int] = {}
-
-    def mktemp(basename: str, numbered: bool = True) -> Path:
-        basename = factory._ensure_relative_to_basetemp(basename)
-        n = counts.get(basename, 0)
-        counts[basename] = n + 1
-        path = base / (f"{basename}{n}" if numbered else basename)
-        path.mkdir(mode=0o700, parents=True, exist_ok=True)
-        return path
-
-    factory.mktemp = mktemp
-    factory.getbasetemp = lambda: base
-
-
 def _crash_file(ticket: Ticket) -> None:
     """Where this rank's fatal errors (a segfault's Python stack) go: a file the server reads."""
     import faulthandler
@@ -153,7 +135,7 @@ def run(item: Any, ticket: Ticket, sock: socket.socket) -> NoReturn:
                         backend=ticket.backend, timeout=ticket.timeout, prefixed=True)
         os.environ.clear()
         os.environ.update(env)
-        _share_tmp(config, ticket.base)
+        share(config, ticket.base)
         _crash_file(ticket)
         hide_spmd_frames(item)
         channel = _Channel(sock, ticket.rank, str(item.path))

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from spmd.errors import MarkerError
+
 __all__ = ["Slot", "waves", "too_big"]
 
 
@@ -31,12 +33,12 @@ def too_big(sizes: list[int], world: int) -> list[int]:
 def waves(sizes: list[int], world: int) -> list[list[Slot]]:
     """Pack the tests that fit into waves (first fit, in collection order); ranks are given in order."""
     if world < 1:
-        raise ValueError(f"the world must have at least one rank, got {world}")
+        raise MarkerError(f"the world must have at least one rank, got {world}")
     free: list[int] = []  # free ranks in each wave
     plan: list[list[tuple[int, int]]] = []  # (index, size) in each wave
     for i, n in enumerate(sizes):
         if n < 1:
-            raise ValueError(f"test {i} asks for {n} ranks")
+            raise MarkerError(f"test {i} asks for {n} ranks")
         if n > world:
             continue
         for w, left in enumerate(free):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,6 +26,7 @@ from spmd.testing.frames import hide_spmd_frames
 from spmd.testing.marks import COMM, size_of, spec_of
 from spmd.testing.merge import merge, synthetic
 from spmd.testing.schedule import Slot, waves
+from spmd.testing.tmp import share
 
 __all__ = ["WorldRanks"]
 
@@ -68,6 +70,7 @@ class WorldRanks:
         timeouts = [s.timeout for s in specs if s is not None and s.timeout]
         comm = spmd.init(timeout=max([self.timeout, *timeouts]))
         self._agree(comm, items)
+        self.base = self._basetemp(comm, session.config)
         sizes, skipped = self._sizes(comm, items, specs)
         plan = waves([n or 1 for n in sizes], comm.size) if items else []
         mine = [slot.index for wave in plan for slot in wave if comm.rank in slot.ranks and sizes[slot.index] != 0]
@@ -90,6 +93,22 @@ class WorldRanks:
             raise pytest.UsageError(
                 f"spmd: the ranks collected different tests ({counts} tests): run the same pytest "
                 "command, in the same directory, on every rank")
+
+    @staticmethod
+    def _basetemp(comm: Any, config: Any) -> Path:
+        """Rank 0's basetemp, under which each rank gets its own and each test one for its ranks.
+
+        Ranks that each chose a numbered basetemp of their own would clean
+        up each other's; on several hosts without a shared file system a
+        test's directory is shared by its ranks of one host only.
+        """
+        factory = config._tmp_path_factory
+        base = Path(comm.broadcast_object(str(factory.getbasetemp()) if comm.rank == 0 else None, 0))
+        if comm.rank != 0:
+            mine = base / f"rank{comm.rank}"
+            mine.mkdir(mode=0o700, parents=True, exist_ok=True)
+            factory._basetemp = mine
+        return base
 
     def _sizes(self, comm: Any, items: list[Any], specs: list[Any]) -> tuple[list[int], dict[int, str]]:
         """Each test's ranks (1 unmarked, 0 skipped) and why each skipped test is."""
@@ -119,6 +138,7 @@ class WorldRanks:
             item = session.items[slot.index]
             nxt = following.get(slot.index)
             config.stash[COMM] = sub
+            undo = share(config, self.base / f"t{slot.index}") if marked else (lambda: None)
             if marked:
                 hide_spmd_frames(item)
             try:
@@ -127,6 +147,7 @@ class WorldRanks:
                 reports = runtestprotocol(item, log=False, nextitem=None if nxt is None else session.items[nxt])
             finally:
                 del config.stash[COMM]
+                undo()
         if sub is not None:
             sub.free()
         serial = [config.hook.pytest_report_to_serializable(config=config, report=r) for r in reports]

@@ -1,0 +1,44 @@
+"""Running a user's test files with the plugin, as a user would: pytest in a subprocess, its junit file read."""
+
+import shutil
+import uuid
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+from tests.support import PY, clean_env, finish, left_behind, start
+
+SAMPLES = Path(__file__).parent / "samples"
+
+
+def user_dir(tmp_path, *samples):
+    """A directory holding the samples as test files (sample_x.py -> test_x.py) and the user's conftest."""
+    where = tmp_path / "user"
+    where.mkdir()
+    shutil.copy(SAMPLES / "conftest_sample.py", where / "conftest.py")
+    for name in samples:
+        shutil.copy(SAMPLES / f"sample_{name}.py", where / f"test_{name}.py")
+    return where
+
+
+def cases(junit):
+    """{test name: (outcome, message, seconds)} from a junit file; outcome passed/failed/error/skipped."""
+    out = {}
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        outcome, message = "passed", ""
+        for child in case:
+            if child.tag in ("failure", "error", "skipped"):
+                outcome, message = {"failure": "failed"}.get(child.tag, child.tag), child.get("message", "")
+        out[case.get("name")] = (outcome, message, float(case.get("time", 0)))
+    return out
+
+
+def pytest_in(where, *args, launcher=(), python=(PY,), timeout=240, env=None):
+    """Run pytest in where (under launcher, a command prefix, with python); return (result, cases, leftovers)."""
+    mark = f"spmd-pytest-{uuid.uuid4().hex[:12]}"
+    junit = where / "junit.xml"
+    cmd = [*launcher, *python, "-m", "pytest", "-rA", "--strict-markers",
+           f"--junitxml={junit}", *args]
+    proc = start(cmd, env=clean_env(SPMD_PYTEST_SAMPLE_RUN=mark, **(env or {})), cwd=where)
+    result = finish(proc, timeout, "pytest of the sample tests")
+    found = cases(junit) if junit.exists() else {}
+    return result, found, left_behind(mark)
