@@ -110,7 +110,7 @@ class Contract(abc.ABC):
 
     @abc.abstractmethod
     def _free(self):
-        """Release this communicator that split made (its ranks call it together); raise for the world."""
+        """Release this communicator that split made (its ranks call it together; never the world)."""
 
     # -- optional hooks: fast paths, devices, release --------------------------------
     # Direct hooks return (fn, args) with fn(*args) running the call (and, for

@@ -263,6 +263,11 @@ def test_objects_barrier_and_split(comm):
     same(sub.all_reduce(x), np.arange(4.0))
     assert comm.split(color=None) is None
     assert comm.split(ranks=[0]).size == 1
+    watched = len(comm._mon.family)
+    sub.free()  # released now, and no longer watched by the timeout watchdogs
+    assert len(comm._mon.family) == watched - 1 and sub._mon not in comm._mon.family
+    with pytest.raises(spmd.CollectiveError, match="the world communicator ends with spmd.finalize"):
+        comm.free()
 
 
 # -- errors: clear, before anything moves -------------------------------------------------------

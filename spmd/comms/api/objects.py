@@ -75,4 +75,6 @@ class Objects:
         at finalize; it cannot be used after.  The world ends with
         spmd.finalize().
         """
+        if self._mon.family[0] is self._mon:  # the world's monitor heads the family of its splits
+            raise CollectiveError("free: the world communicator ends with spmd.finalize(), not free()")
         self._free()

@@ -12,7 +12,6 @@ import numpy as np
 from mpi4py import MPI
 
 from spmd.comms.base import Comm
-from spmd.errors import CollectiveError
 from spmd.comms.handle import Handle
 from spmd.comms.backends.mpi.buffers import packer as _packer
 from spmd.comms.backends.mpi.gathers import MpiGathers
@@ -95,8 +94,6 @@ class MpiComm(MpiReductions, MpiGathers, MpiMessages, Comm):
         return MpiComm(new, self.placement, self.timeout, self._mon.child(), self._caches.child(new.Get_size()))
 
     def _free(self):
-        if self._c == MPI.COMM_WORLD:
-            raise CollectiveError("free: the world communicator ends with spmd.finalize(), not free()")
         self._c.Free()
         self._mon.forget()
         self._caches.clear()

@@ -17,7 +17,6 @@ import torch.distributed as dist
 
 from spmd.comms.backends.torchdist import stuck
 from spmd.comms.base import Comm
-from spmd.errors import CollectiveError
 from spmd.comms.handle import Done, Handle
 from spmd.comms.backends.torchdist.arrays import OPS, all_gather_single, as_kind, tensor, wire
 from spmd.comms.backends.torchdist.p2p import TorchMessages
@@ -300,8 +299,6 @@ class TorchComm(TorchMessages, Comm):
         return mine
 
     def _free(self):
-        if self._ranks is None:
-            raise CollectiveError("free: the world communicator ends with spmd.finalize(), not free()")
         self._stop_messages()  # its sends still in flight finish first
         if self._group is not None and dist.is_initialized():
             dist.destroy_process_group(self._group)
