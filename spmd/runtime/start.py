@@ -166,7 +166,7 @@ def _start(settings, environ, guarded=True):
 
     store, device, guards = None, "cpu", []
     if not torch_mpi:  # torch's own MPI group meets through MPI itself
-        store = _meet(placement, settings, mpi_world, environ)
+        store = _meet(placement, settings, mpi_world, environ, counted=guarded)
     if name == "nccl":
         device = _nccl_device(placement, store)
     init_process_group(name, store, placement.rank, placement.size, seconds, device)
@@ -226,12 +226,14 @@ def _torch_group(settings, placement, mpi_world, environ):
     return [_TorchGroup(store)]
 
 
-def _meet(placement, settings, mpi_world, environ):
-    """Rendezvous for a torch group: return the store, once every rank has reached it."""
+def _meet(placement, settings, mpi_world, environ, counted=True):
+    """Rendezvous for a torch group: the store, once every rank has reached it (counted: by
+    await_peers, whose error counts who came; a watched rank's parent counts them itself)."""
     from spmd.runtime.rendezvous import await_peers, rendezvous
 
     store, _, _ = rendezvous(placement, settings, mpi_world, environ)
-    await_peers(store, placement.rank, placement.size, settings.timeout)
+    if counted:
+        await_peers(store, placement.rank, placement.size, settings.timeout)
     return store
 
 
@@ -320,12 +322,8 @@ def init(backend: str | None = None, timeout: float | timedelta | None = None, d
 
 
 def init_watched(backend: str | None = None, timeout: float | None = None) -> Comm:
-    """Start the global communicator of a rank whose parent watches it (spmd's pytest ranks).
-
-    As init, without the guards a job needs and the parent provides (no hub,
-    excepthook or finalize at exit): the parent reports a rank that dies or
-    hangs, and ends its ranks with os._exit.
-    """
+    """Start the global communicator of a rank whose parent watches it (spmd's pytest ranks):
+    as init, without the guards (hub, excepthook, finalize at exit) the parent provides."""
     global _comm, _guards
     with _lock:
         if _comm is not None:

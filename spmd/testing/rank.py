@@ -109,6 +109,8 @@ def _phases(item: Any, channel: _Channel, ticket: Ticket) -> None:
     def start() -> Any:
         import spmd.runtime.start as start_
 
+        if start_.initialized():  # a world of one the collection started (module-level `comm.rank`)
+            start_.finalize()
         return start_.init_watched(ticket.backend, ticket.timeout)
 
     started = CallInfo.from_call(start, "setup")

@@ -56,6 +56,8 @@ class Serving:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_configure(self, config: Any) -> None:
+        config.workerinput = {"workerid": "spmd-server"}  # pytest's word for "write no junit file or cache"
+        config.workeroutput = {}
         config.option.xmlpath = None  # the controller writes the junit file
         config.option.usepdb = False  # no terminal here to debug in
         config.option.reportchars = ""

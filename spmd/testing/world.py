@@ -68,7 +68,8 @@ class WorldRanks:
         items = session.items
         specs = [spec_of(item) for item in items]
         timeouts = [s.timeout for s in specs if s is not None and s.timeout]
-        comm = spmd.init(timeout=max([self.timeout, *timeouts]))
+        # (a test module's `comm.rank` at import may have started the world already: it is kept)
+        comm = spmd.init() if spmd.initialized() else spmd.init(timeout=max([self.timeout, *timeouts]))
         self._agree(comm, items)
         self.base = self._basetemp(comm, session.config)
         sizes, skipped = self._sizes(comm, items, specs)
