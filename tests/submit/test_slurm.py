@@ -457,3 +457,21 @@ def test_a_pipeline_killed_halfway_under_srun_resumes_at_another_size(cluster, t
     assert result.returncode == 0, f"{result.stdout}\n--- log:\n{log}"
     check_resumed(subprocess.CompletedProcess([], 0, log, ""), out)
     assert "3 ranks, backend gloo" in log, log  # bin/submit's default backend
+
+
+# A user's multi-rank tests under srun: pytest on 4 tasks of 2 nodes, the
+# plugin's waves on sub-communicators, one report (rank 0's), its junit file.
+
+@pytest.mark.timeout(400)
+def test_a_users_pytest_file_under_srun_on_two_nodes(cluster, tmp_path):
+    from tests.testing.runs import UNDER_A_WORLD_OF_4, cases, user_dir
+
+    where = user_dir(tmp_path, "user")
+    junit = where / "junit.xml"
+    result, _, log = submit(cluster, where, "-N", "2", "--ntasks-per-node", "2", "-t", "5",
+                            WORLDS / "pytest_main.py", "-rA", "-p", "no:cacheprovider", f"--junitxml={junit}",
+                            where, timeout=300)
+    found = cases(junit) if junit.exists() else {}
+    assert {name: outcome for name, (outcome, _, _) in found.items()} == UNDER_A_WORLD_OF_4, \
+        f"{result.stdout}\n--- log:\n{log[-4000:]}"
+    assert log.count("short test summary info") == 1 and "ranks 0, 2 passed" in log, log[-4000:]

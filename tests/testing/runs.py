@@ -9,6 +9,22 @@ from tests.support import PY, clean_env, finish, left_behind, start
 
 SAMPLES = Path(__file__).parent / "samples"
 
+#: How sample_user.py ends in a world of 4 ranks started by a launcher.
+UNDER_A_WORLD_OF_4 = {
+    "test_numpy_and_torch": "passed",
+    "test_tmp_path_is_one_directory[2 ranks]": "passed",
+    "test_tmp_path_is_one_directory[3 ranks]": "passed",
+    "test_odd_ranks_fail": "failed",
+    "test_capsys": "passed",
+    "test_xfail": "skipped",
+    "test_skip_inside": "skipped",
+    "test_six": "skipped",  # 6 ranks in a world of 4
+    "test_with_params[1]": "passed",
+    "test_with_params[2]": "passed",
+    "test_unmarked": "passed",
+    "test_comm_without_marker": "error",
+}
+
 
 def user_dir(tmp_path, *samples):
     """A directory holding the samples as test files (sample_x.py -> test_x.py) and the user's conftest."""

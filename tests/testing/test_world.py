@@ -3,24 +3,10 @@
 import pytest
 
 from tests.support import MPIRUN, PY, missing, tool
-from tests.testing.runs import pytest_in, user_dir
+from tests.testing.runs import UNDER_A_WORLD_OF_4, pytest_in, user_dir
 
 pytestmark = pytest.mark.launcher
 
-EXPECTED = {
-    "test_numpy_and_torch": "passed",
-    "test_tmp_path_is_one_directory[2 ranks]": "passed",
-    "test_tmp_path_is_one_directory[3 ranks]": "passed",
-    "test_odd_ranks_fail": "failed",
-    "test_capsys": "passed",
-    "test_xfail": "skipped",
-    "test_skip_inside": "skipped",
-    "test_six": "skipped",  # 6 ranks in a world of 4
-    "test_with_params[1]": "passed",
-    "test_with_params[2]": "passed",
-    "test_unmarked": "passed",
-    "test_comm_without_marker": "error",
-}
 
 
 @pytest.mark.parametrize("launcher", ["mpirun", "spmd run"])
@@ -31,7 +17,7 @@ def test_a_users_file_under_a_launcher_runs_each_test_once_and_reports_once(tmp_
     where = user_dir(tmp_path, "user")
     result, cases, left = pytest_in(where, "-v", launcher=prefix, python=python)
     out = result.stdout
-    assert result.returncode != 0 and {n: o for n, (o, _, _) in cases.items()} == EXPECTED, out[-4000:]
+    assert result.returncode != 0 and {n: o for n, (o, _, _) in cases.items()} == UNDER_A_WORLD_OF_4, out[-4000:]
     assert cases["test_six"][1] == "needs 6 ranks; the world has 4 (launch at least 6)"
     assert cases["test_odd_ranks_fail"][1].startswith("[ranks 1, 3] assert 1 == 0"), cases["test_odd_ranks_fail"]
     assert "ranks 0, 2 passed" in out and "rank 3 speaks" in out
