@@ -116,7 +116,8 @@ _POSITIVE = click.FloatRange(min=0, min_open=True)
 @click.option("--startup-ranks", default=8, show_default=True, type=click.IntRange(min=1),
               help="Ranks of each start-up launch.")
 @click.option("--repeats", type=click.IntRange(min=1),
-              help="Start-up launches per scenario [default: 5]; --pipeline: launches per case [default: 3].")
+              help="Start-up launches per scenario [default: 5]; --pipeline: launches per case [default: 3]; "
+                   "--pytest: runs per way [default: 3].")
 @click.option("--script", type=click.Path(exists=True, dir_okay=False),
               help="Start-up: time to the first collective of this script "
                    "[default: jobs/scatter_gather.py, else jobs/collectives.py, if present].")
@@ -128,6 +129,15 @@ _POSITIVE = click.FloatRange(min=0, min_open=True)
               help="Measure training instead: spmd's DataParallel on gloo and mpi (plain, overlap, bf16) beside "
                    "torch's DistributedDataParallel, separate launches (spmd.bench.train; --pipeline-ranks "
                    "for the rank counts, default 1,2,4 here; --repeats, default 5).")
+@click.option("--pytest", "pytest_bench", is_flag=True,
+              help="Measure spmd's pytest plugin instead: --tests tests of --test-ranks ranks under plain pytest "
+                   "and mpirun, beside pytest_parallel, one mpirun per test and torch's MultiProcessTestCase "
+                   "(spmd.bench.pytest_plugin; --repeats, default 3).")
+@click.option("--tests", default=200, show_default=True, type=click.IntRange(min=1), help="--pytest: tests.")
+@click.option("--test-ranks", default=4, show_default=True, type=click.IntRange(min=1), help="--pytest: ranks each.")
+@click.option("--per-test-sample", default=10, show_default=True, type=click.IntRange(min=1),
+              help="--pytest: tests the per-test ways time, scaled to --tests.")
+@click.option("--tools-path", help="--pytest: directories on PYTHONPATH for pytest_parallel and torch's ways.")
 @click.option("--pipeline", is_flag=True,
               help="Measure spmd.pipeline instead, against an mpi4py loop, Pool.imap and MPIPoolExecutor "
                    "(separate launches, not under a launcher).")
@@ -158,8 +168,13 @@ def bench(ctx, **opts):
     """
     if opts["memory"] and (opts["startup"] or opts["alone"]):
         raise click.UsageError("--memory runs in a launched world: leave out --startup and --alone")
-    if sum(map(bool, (opts["startup"], opts["pipeline"], opts["preload_modules"], opts["train"]))) > 1:
-        raise click.UsageError("--startup, --pipeline, --preload and --train are separate benchmarks: choose one")
+    separate = (opts["startup"], opts["pipeline"], opts["preload_modules"], opts["train"], opts["pytest_bench"])
+    if sum(map(bool, separate)) > 1:
+        raise click.UsageError("--startup, --pipeline, --preload, --train and --pytest are separate benchmarks: "
+                               "choose one")
+    if opts["pytest_bench"]:
+        _pytest(opts)
+        return
     if opts["train"]:
         _train(opts)
         return
@@ -302,6 +317,22 @@ def _train(opts):
     except (SpmdError, subprocess.TimeoutExpired) as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(train.report(doc))
+    if opts["json_path"]:
+        write_json(opts["json_path"], doc)
+        click.echo(f"wrote {opts['json_path']}", err=True)
+
+
+def _pytest(opts):
+    from spmd.bench import pytest_plugin
+    from spmd.bench.report import write_json
+
+    progress = None if opts["quiet"] else (lambda line: click.echo(line, err=True))
+    try:
+        doc = pytest_plugin.bench(opts["tests"], opts["test_ranks"], opts["repeats"] or 3, opts["per_test_sample"],
+                                  tools_path=opts["tools_path"], progress=progress)
+    except (SpmdError, subprocess.TimeoutExpired) as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(pytest_plugin.report(doc))
     if opts["json_path"]:
         write_json(opts["json_path"], doc)
         click.echo(f"wrote {opts['json_path']}", err=True)
