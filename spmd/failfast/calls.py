@@ -179,6 +179,8 @@ class Monitor:
         self.nvtx = nvtx
         self.active = bool(debug or trace or nvtx)
         self.family = [self]  # this monitor and its sub-communicators', for watchdogs
+        #: Whether a call may have left something behind: a point-to-point message, a sub-communicator.
+        self.dirty = False
 
     def restart(self):
         """Forget the collectives so far (those the runtime made during init)."""

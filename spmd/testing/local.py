@@ -67,13 +67,14 @@ class RankServer:
         self.refused = ready.get("refused")
         return None
 
-    def run(self, nodeid: str, size: int, backend: str, timeout: float) -> dict[str, Any]:
+    def run(self, nodeid: str, size: int, backend: str, timeout: float, following: str | None = None) -> dict[str, Any]:
         """Run one test on the server; a dict with 'error' when the server could not."""
         if self.proc is None or self.proc.poll() is not None:
             error = self.start()
             if error:
                 return {"error": error}
-        wire.send(self.sock, {"nodeid": nodeid, "size": size, "backend": backend, "timeout": timeout})
+        wire.send(self.sock, {"nodeid": nodeid, "size": size, "backend": backend, "timeout": timeout,
+                              "next": following})
         self.sock.settimeout(timeout + MARGIN + GRACE + 2 * ASK + 30.0)
         try:
             result = wire.recv(self.sock)
@@ -117,12 +118,12 @@ class LocalRanks:
         size = size_of(item, spec)
         ihook = item.ihook
         ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
-        for rep in self._reports(item, spec, size):
+        for rep in self._reports(item, spec, size, nextitem):
             ihook.pytest_runtest_logreport(report=rep)
         ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
         return True
 
-    def _reports(self, item: Any, spec: Any, size: int) -> list[Any]:
+    def _reports(self, item: Any, spec: Any, size: int, nextitem: Any) -> list[Any]:
         backend = spec.backend or "gloo"
         if backend not in ("gloo", "auto"):
             why = (f"backend {backend!r} needs a launcher: run `mpirun -n {size} pytest` (or srun, torchrun, "
@@ -131,7 +132,8 @@ class LocalRanks:
             return [synthetic(item, "setup", "skipped", (path, lineno, f"Skipped: {why}")),
                     synthetic(item, "teardown", "passed")]
         start = time.monotonic()
-        result = self.server.run(item.nodeid, size, "gloo", spec.timeout or self.timeout)
+        following = None if nextitem is None else nextitem.nodeid
+        result = self.server.run(item.nodeid, size, "gloo", spec.timeout or self.timeout, following)
         if "error" in result:
             rep = synthetic(item, "setup", "failed", f"spmd: {result['error']}")
             rep.duration = time.monotonic() - start

@@ -1,18 +1,22 @@
-"""One rank of a marked test, in a process the fork server has just forked.
+"""One rank of a kept world, in a process the fork server forked for tests of one size.
 
-``run`` starts this rank's own output capture, its place in the test's
-world (spmd's variables, the store on the server's listening socket for
-rank 0), the global communicator, then pytest's setup, call and teardown
-of the test, sending each phase's report to the server as it is made.
-It then waits for the server's word to leave, and leaves with os._exit:
-the server ends every rank of a test together, so no rank's exit is
-taken by a peer for a death.  A thread answers the server's request for
-where this rank is (spmd.failfast.report.where).
+``run`` starts this rank's own output capture, its place in the world
+(spmd's variables, the store on the server's listening socket for rank 0)
+and the global communicator, then runs the tests the server sends, one at
+a time: each on a communicator split from the world, split afresh (the old
+one freed) after a test that made a point-to-point call or a split on it,
+so no message or group of one test reaches the next; with its own temporary
+directory, pytest's setup, call and teardown, each phase's report sent as
+it is made.  The server ends the world after any test that did not pass
+on every rank, and at the end of the session; the rank leaves with
+os._exit.  A thread answers the server's request for where this rank is
+(spmd.failfast.report.where).
 """
 
 from __future__ import annotations
 
 import os
+import queue
 import socket
 import sys
 import threading
@@ -31,7 +35,7 @@ __all__ = ["run", "Ticket"]
 
 
 class Ticket:
-    """What a forked rank needs of the server: its place, the test's world, where to report."""
+    """What a forked rank needs of the server: its place in the world, how it meets, its timeout."""
 
     def __init__(self, rank: int, size: int, port: int, listen_fd: int | None, backend: str,
                  timeout: float, base: Path) -> None:
@@ -40,12 +44,12 @@ class Ticket:
 
 
 class _Channel:
-    """The rank's end of its socket to the server: reports out, the server's requests in."""
+    """The rank's end of its socket to the server: reports out; tests, 'where' and 'leave' in."""
 
-    def __init__(self, sock: socket.socket, rank: int, path: str) -> None:
-        self.sock, self.rank, self.path = sock, rank, path
+    def __init__(self, sock: socket.socket, rank: int) -> None:
+        self.sock, self.rank, self.path = sock, rank, ""
         self._lock = threading.Lock()
-        self._leave = threading.Event()
+        self.tests: queue.Queue[dict[str, Any] | None] = queue.Queue()
         self._monitors: list[Any] = []
         threading.Thread(target=self._answer, name="spmd-pytest-rank", daemon=True).start()
 
@@ -59,16 +63,18 @@ class _Channel:
     def _answer(self) -> None:
         while True:
             request = wire.recv(self.sock)
-            if request is None or request == "leave":
-                self._leave.set()
-                if request is None:  # the server has gone: nothing to report to
-                    os._exit(70)
+            if request is None:  # the server has gone: nothing to report to
+                os._exit(70)
+            if request == "leave":
+                self.tests.put(None)
                 return
             if request == "where":
                 try:
                     self.send({"where": dict(where(self.rank, self._monitors), stack=self._stack())})
                 except OSError:
                     pass
+            elif isinstance(request, dict):
+                self.tests.put(request)
 
     def _stack(self) -> str:
         """The main thread's stack from the test's own frames inward (pytest's outer frames left out)."""
@@ -76,9 +82,6 @@ class _Channel:
         frames = traceback.extract_stack(frame) if frame is not None else []
         first = next((i for i, f in enumerate(frames) if f.filename == self.path), 0)
         return "".join(traceback.format_list(frames[first:]))
-
-    def wait_to_leave(self) -> None:
-        self._leave.wait()
 
 
 def _crash_file(ticket: Ticket) -> None:
@@ -97,53 +100,102 @@ def _own_capture(config: Any) -> None:
         capman.start_global_capturing()
 
 
-def _phases(item: Any, channel: _Channel, ticket: Ticket) -> None:
-    from _pytest.runner import CallInfo, call_and_report
+def _start(ticket: Ticket) -> Any:
+    import spmd.runtime.start as start_
 
-    config = item.config
-    hook = config.hook
-
-    def report(rep: Any) -> None:
-        channel.send({"when": rep.when, "report": hook.pytest_report_to_serializable(config=config, report=rep)})
-
-    def start() -> Any:
-        import spmd.runtime.start as start_
-
-        if start_.initialized():  # a world of one the collection started (module-level `comm.rank`)
-            start_.finalize()
-        return start_.init_watched(ticket.backend, ticket.timeout)
-
-    started = CallInfo.from_call(start, "setup")
-    if started.excinfo is not None:  # the world did not start: a setup error of this rank
-        report(item.ihook.pytest_runtest_makereport(item=item, call=started))
-        return
-    comm = started.result
-    channel.watch(comm)
-    config.stash[COMM] = comm
-    rep = call_and_report(item, "setup", log=False)
-    report(rep)
-    if rep.passed and not config.getoption("setuponly", False):
-        report(call_and_report(item, "call", log=False))
-    report(call_and_report(item, "teardown", log=False, nextitem=None))
+    if start_.initialized():  # a world of one the collection started (module-level `comm.rank`)
+        start_.finalize()
+    return start_.init_watched(ticket.backend, ticket.timeout)
 
 
-def run(item: Any, ticket: Ticket, sock: socket.socket) -> NoReturn:
-    """Be one rank of item's test, then leave when the server says (never returns)."""
+class _Rank:
+    """This rank's world and the tests it runs on it."""
+
+    def __init__(self, items: dict[str, Any], ticket: Ticket, channel: _Channel) -> None:
+        self.items, self.ticket, self.channel = items, ticket, channel
+        self.world: Any = None
+        self.own: Any = None  # the tests' communicator, kept while no test leaves anything on it
+
+    def report(self, item: Any, rep: Any) -> None:
+        config = item.config
+        self.channel.send({"when": rep.when,
+                           "report": config.hook.pytest_report_to_serializable(config=config, report=rep)})
+
+    def test(self, request: dict[str, Any]) -> None:
+        from _pytest.runner import CallInfo, call_and_report
+
+        item = self.items[request["test"]]
+        following = self.items.get(request["next"]) if request.get("next") else None
+        self.channel.path = str(item.path)
+        if self.world is None:
+            started = CallInfo.from_call(lambda: _start(self.ticket), "setup")
+            if started.excinfo is not None:  # the world did not start: a setup error of this rank
+                self.report(item, item.ihook.pytest_runtest_makereport(item=item, call=started))
+                return
+            self.world = started.result
+            self.channel.watch(self.world)
+        config = item.config
+        state = item.session._setupstate
+        try:
+            state.teardown_exact(item)  # what an earlier test of another module left set up here
+        except BaseException:
+            pass
+        own = self._own(request.get("fresh", True))
+        undo = share(config, Path(request["base"]))
+        config.stash[COMM] = own
+        hide_spmd_frames(item)
+        try:
+            rep = call_and_report(item, "setup", log=False)
+            self.report(item, rep)
+            if rep.passed and not config.getoption("setuponly", False):
+                self.report(item, call_and_report(item, "call", log=False))
+            self.report(item, call_and_report(item, "teardown", log=False, nextitem=following))
+        finally:
+            del config.stash[COMM]
+            undo()
+
+    def _own(self, fresh: bool) -> Any:
+        """The test's communicator: split afresh after a test that may have left a message or a group on it."""
+        if fresh or self.own is None:
+            if self.own is not None:
+                self.own.free()
+            clean = not self.world._mon.dirty
+            self.own = self.world.split(0)
+            self.world._mon.dirty = not clean  # our own split leaves nothing of the tests' behind
+        self.own._mon.restart()  # the test's first call is call #1
+        self.own._mon.dirty = False
+        return self.own
+
+    def dirty(self) -> dict[str, bool]:
+        """What the server needs to know: may this test have left something on its or the world's communicator?"""
+        return {"dirty": bool(self.own is None or self.own._mon.dirty),
+                "world_dirty": bool(self.world is None or self.world._mon.dirty)}
+
+    def leave(self) -> None:
+        """At the session's end: tear down what is still set up (best effort: nobody to report to)."""
+        for item in list(self.items.values())[:1]:
+            try:
+                item.session._setupstate.teardown_exact(None)
+            except BaseException:
+                pass
+
+
+def run(items: dict[str, Any], config: Any, ticket: Ticket, sock: socket.socket) -> NoReturn:
+    """Be one rank of a kept world: run the tests the server sends until it says leave (never returns)."""
     code = 0
     try:
-        config = item.config
         _own_capture(config)
         env = child_env(ticket.rank, ticket.size, port=ticket.port, listen_fd=ticket.listen_fd,
                         backend=ticket.backend, timeout=ticket.timeout, prefixed=True)
         os.environ.clear()
         os.environ.update(env)
-        share(config, ticket.base)
         _crash_file(ticket)
-        hide_spmd_frames(item)
-        channel = _Channel(sock, ticket.rank, str(item.path))
-        _phases(item, channel, ticket)
-        channel.send({"done": True})
-        channel.wait_to_leave()
+        channel = _Channel(sock, ticket.rank)
+        me = _Rank(items, ticket, channel)
+        while (request := channel.tests.get()) is not None:
+            me.test(request)
+            channel.send({"done": True, **me.dirty()})
+        me.leave()
     except BaseException:  # spmd's own failure here: the server reports the status and this text
         try:
             sys.__stderr__.write(f"spmd pytest rank {ticket.rank}: internal error\n" + traceback.format_exc())

@@ -4,8 +4,9 @@ The controller (the user's pytest, spmd.testing.local) starts it with the
 same arguments, in the same directory.  It runs pytest's configuration and
 collection as the controller does, so the test modules and what they
 import are loaded once, and then, instead of running the tests, serves
-the controller's requests on the socket FD: for each marked test, fork its
-ranks (spmd.testing.watch) and answer with their reports.  It writes no
+the controller's requests on the socket FD: each marked test runs on a kept
+world of its size, forked for the first such test and again after one that
+did not pass (spmd.testing.watch), and the answer is its ranks' reports.  It writes no
 terminal output, junit file or cache of its own: the controller owns them.
 """
 
@@ -93,32 +94,51 @@ def _preload() -> str | None:
     return None
 
 
+#: Kept worlds at most (one per size and timeout): the least recently used one ends first.
+KEPT = 4
+
+
 def serve(session: Any, sock: socket.socket) -> None:
     """Answer the controller's requests until it closes the socket."""
-    from spmd.testing.watch import run_test
+    from spmd.testing.watch import World
 
     items = {item.nodeid: item for item in session.items}
     refused = _preload()
     base = Path(session.config._tmp_path_factory.getbasetemp())
     wire.send(sock, {"ready": True, "pid": os.getpid(), "refused": refused})
+    worlds: dict[tuple[int, str, float], World] = {}
     count = 0
-    while True:
-        request = wire.recv(sock)
-        if request is None:
-            return
-        item = items.get(request["nodeid"])
-        if item is None:
-            wire.send(sock, {"error": f"the rank server did not collect {request['nodeid']!r} "
-                                      "(its collection differs from this session's)"})
-            continue
-        if refused:
-            wire.send(sock, {"error": refused})
-            continue
-        count += 1
-        test_base = base / f"t{count}"
-        test_base.mkdir()
-        result = run_test(item, request["size"], request["backend"], request["timeout"], test_base, [sock])
-        wire.send(sock, result)
+    try:
+        while True:
+            request = wire.recv(sock)
+            if request is None:
+                return
+            if request["nodeid"] not in items:
+                wire.send(sock, {"error": f"the rank server did not collect {request['nodeid']!r} "
+                                          "(its collection differs from this session's)"})
+                continue
+            if refused:
+                wire.send(sock, {"error": refused})
+                continue
+            count += 1
+            key = (request["size"], request["backend"], request["timeout"])
+            world = worlds.pop(key, None)
+            if world is not None and not world.alive():
+                world.end()
+                world = None
+            if world is None:
+                while len(worlds) >= KEPT:
+                    worlds.pop(next(iter(worlds))).end()
+                world = World(items, session.config, *key, base / f"w{count}", [sock])
+            result, healthy = world.run(request["nodeid"], request.get("next"), base / f"t{count}")
+            if healthy:
+                worlds[key] = world  # the most recently used last
+            else:
+                world.end()
+            wire.send(sock, result)
+    finally:
+        for world in worlds.values():
+            world.end()
 
 
 def main(argv: list[str] | None = None) -> None:

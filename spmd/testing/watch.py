@@ -1,8 +1,11 @@
-"""The fork server's side of one test: fork its ranks, collect their reports, end them together.
+"""The fork server's side of the tests: kept worlds of forked ranks, one per size, and one test on one.
 
-What ends a test's ranks (docs/testing-your-code.md, "Faults"):
+A ``World`` of n ranks, forked for the first test of n ranks (and that
+timeout), runs the next ones of that size while each passes on every rank;
+one that does not ends it, and the next gets fresh ranks.  What ends a test
+(docs/testing-your-code.md, "Faults"):
 
-- every rank has finished: each is told to leave;
+- every rank has sent its reports: the test is over;
 - a rank failed a phase or died: the others get GRACE seconds to finish
   by themselves, then those still running are asked where they are and
   stopped (SIGKILL), so an exception on one rank while the others wait in
@@ -27,7 +30,7 @@ from spmd.launch.forkserver.process import die_with, flush_std
 from spmd.testing import rank as rank_
 from spmd.testing import wire
 
-__all__ = ["run_test", "GRACE", "MARGIN", "ASK"]
+__all__ = ["World", "GRACE", "MARGIN", "ASK"]
 
 #: Seconds the other ranks get to finish after one rank failed or died.
 GRACE = 2.0
@@ -65,15 +68,20 @@ class _Rank:
     def failed(self) -> bool:
         return any(r.get("outcome") == "failed" for r in self.reports)
 
+    def next_test(self) -> None:
+        self.reports, self.finished, self.where, self.stopped = [], False, None, None
+        self.dirty = self.world_dirty = True  # until the rank says otherwise
 
-def _fork(item: Any, size: int, backend: str, timeout: float, base: Path, close: list[socket.socket]) -> list[_Rank]:
+
+def _fork(items: dict[str, Any], config: Any, size: int, backend: str, timeout: float, base: Path,
+          close: list[socket.socket]) -> list[_Rank]:
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.bind(("127.0.0.1", 0))  # the store of rank 0 accepts on it: loopback only
     listener.listen(4 * size)
     port = listener.getsockname()[1]
     server = os.getpid()
     ranks: list[_Rank] = []
-    capman = item.config.pluginmanager.getplugin("capturemanager")
+    capman = config.pluginmanager.getplugin("capturemanager")
     if capman is not None:
         capman.suspend_global_capture()
     flush_std()
@@ -90,7 +98,7 @@ def _fork(item: Any, size: int, backend: str, timeout: float, base: Path, close:
                     listener.close()
                 die_with(server)
                 ticket = rank_.Ticket(r, size, port, listener.fileno() if r == 0 else None, backend, timeout, base)
-                rank_.run(item, ticket, theirs)
+                rank_.run(items, config, ticket, theirs)
             theirs.close()
             ranks.append(_Rank(r, pid, mine))
     finally:
@@ -111,11 +119,11 @@ class _Watch:
         self.ranks, self.timeout = ranks, timeout
         self.sel = selectors.DefaultSelector()
         for r in ranks:
-            self.sel.register(r.sock, selectors.EVENT_READ, r)
+            if not r.gone:
+                self.sel.register(r.sock, selectors.EVENT_READ, r)
         self.first_failure: float | None = None
         self.why: str | None = None
         self.stacks: str | None = None
-        self.left = False
 
     def _read(self, r: _Rank, now: float) -> None:
         message = wire.recv(r.sock)
@@ -133,6 +141,7 @@ class _Watch:
                 self.first_failure = now
         elif "done" in message:
             r.finished = True
+            r.dirty, r.world_dirty = message.get("dirty", True), message.get("world_dirty", True)
         elif "where" in message:
             r.where = message["where"]
 
@@ -160,21 +169,18 @@ class _Watch:
                     pass
         self.stacks = _stacks([r for r in self.ranks if r.stopped])
 
-    def _leave(self) -> None:
-        for r in self.ranks:
-            if not r.gone:
-                try:
-                    wire.send(r.sock, "leave")
-                except OSError:
-                    pass
-        self.left = True
-
     def run(self, start: float) -> None:
         deadline = start + self.timeout + MARGIN
-        while any(not r.gone for r in self.ranks):
+        try:
+            self._run(deadline)
+        finally:
+            self.sel.close()
+
+    def _run(self, deadline: float) -> None:
+        while True:
             running = [r for r in self.ranks if not r.gone and not r.finished and r.stopped is None]
-            if not running and not self.left:
-                self._leave()
+            if not running:
+                return
             now = time.monotonic()
             if running and now >= deadline:
                 self.why = f"the test did not finish within its timeout of {self.timeout:g} s"
@@ -187,7 +193,7 @@ class _Watch:
                 self._stop(running, self.why)
                 continue
             wake = deadline if self.first_failure is None else min(deadline, self.first_failure + GRACE)
-            self._pump(wake if running else now + 5.0)
+            self._pump(wake)
 
 
 def _stacks(stopped: list[_Rank]) -> str | None:
@@ -256,18 +262,76 @@ def _crash_text(base: Path, rank: int) -> str:
     return "\n".join(head + ([lines[start]] + stack if stack else []))
 
 
-def run_test(item: Any, size: int, backend: str, timeout: float, base: Path,
-             close: list[socket.socket]) -> dict[str, Any]:
-    """Run item on size forked ranks; return every rank's reports and how each that did not finish ended."""
-    start = time.monotonic()
-    ranks = _fork(item, size, backend, timeout, base, close)
-    watch = _Watch(ranks, timeout)
-    watch.run(start)
-    endings = {}
-    for r in ranks:
-        text = _ending(r)
-        if text is not None:
-            crash = _crash_text(base, r.rank) if not r.stopped else ""
-            endings[r.rank] = {"phase": r.phase, "text": text + ("\n" + crash if crash else "")}
-    return {"size": size, "reports": {r.rank: r.reports for r in ranks}, "endings": endings,
-            "why": watch.why, "stacks": watch.stacks}
+class World:
+    """size ranks forked once, meeting once, running the tests of that size one after another."""
+
+    def __init__(self, items: dict[str, Any], config: Any, size: int, backend: str, timeout: float,
+                 base: Path, close: list[socket.socket]) -> None:
+        base.mkdir(parents=True, exist_ok=True)
+        self.size, self.timeout, self.base = size, timeout, base
+        self.ranks = _fork(items, config, size, backend, timeout, base, close)
+        self.fresh = True  # whether the next test needs a communicator split afresh
+
+    def alive(self) -> bool:
+        """Whether every rank is still there (none died between tests)."""
+        import select
+
+        for r in self.ranks:
+            if r.gone or select.select([r.sock], [], [], 0)[0]:  # readable between tests: closed
+                return False
+        return True
+
+    def run(self, nodeid: str, following: str | None, base: Path) -> tuple[dict[str, Any], bool]:
+        """Run one test; return (every rank's reports and how each that did not finish ended, healthy)."""
+        start = time.monotonic()
+        for r in self.ranks:
+            r.next_test()
+            try:
+                wire.send(r.sock, {"test": nodeid, "next": following, "base": str(base), "fresh": self.fresh})
+            except OSError:
+                pass
+        watch = _Watch(self.ranks, self.timeout)
+        watch.run(start)
+        endings = {}
+        for r in self.ranks:
+            text = _ending(r)
+            if text is not None:
+                crash = _crash_text(self.base, r.rank) if not r.stopped else ""
+                endings[r.rank] = {"phase": r.phase, "text": text + ("\n" + crash if crash else "")}
+        # A world whose own communicator a test used for point to point may hold its messages: not kept.
+        healthy = not endings and not any(r.failed() or r.world_dirty for r in self.ranks)
+        self.fresh = any(r.dirty for r in self.ranks)
+        result = {"size": self.size, "reports": {r.rank: r.reports for r in self.ranks}, "endings": endings,
+                  "why": watch.why, "stacks": watch.stacks}
+        return result, healthy
+
+    @staticmethod
+    def _reap_one(r: _Rank) -> None:
+        try:
+            os.kill(r.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    def end(self) -> None:
+        """Tell every rank to leave; kill those still there a moment later; reap them all."""
+        for r in self.ranks:
+            if not r.gone:
+                try:
+                    wire.send(r.sock, "leave")
+                except OSError:
+                    pass
+        deadline = time.monotonic() + 2.0
+        for r in self.ranks:
+            if r.gone:
+                continue
+            while time.monotonic() < deadline:
+                done, status = os.waitpid(r.pid, os.WNOHANG)
+                if done:
+                    r.status, r.gone = os.waitstatus_to_exitcode(status), True
+                    break
+                time.sleep(0.005)
+            if not r.gone:
+                self._reap_one(r)
+                _reap(r)
+                r.gone = True
+            r.sock.close()
