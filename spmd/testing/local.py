@@ -118,7 +118,14 @@ class LocalRanks:
         size = size_of(item, spec)
         ihook = item.ihook
         ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
-        for rep in self._reports(item, spec, size, nextitem):
+        reports = self._reports(item, spec, size, nextitem)
+        # What this session set up for the tests before (a package's fixtures) is torn down as after any test.
+        from _pytest.runner import CallInfo
+
+        down = CallInfo.from_call(lambda: item.session._setupstate.teardown_exact(nextitem), "teardown")
+        if down.excinfo is not None:
+            reports[-1] = ihook.pytest_runtest_makereport(item=item, call=down)
+        for rep in reports:
             ihook.pytest_runtest_logreport(report=rep)
         ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
         return True

@@ -48,3 +48,21 @@ def test_k_x_and_last_failed_select_as_pytest_does(tmp_path):
     pytest_in(where, "-q", "-k", "odd or capsys")
     result, cases, _ = pytest_in(where, "-q", "--lf")
     assert list(cases) == ["test_odd_ranks_fail"], result.stdout[-2000:]
+
+
+def test_a_marked_test_between_packages_leaves_this_sessions_setup_as_pytest_would(tmp_path):
+    # unmarked a/, b/ (unmarked then marked), unmarked c/: package fixtures set up and torn down in order
+    where = tmp_path / "user"
+    for name, body in {"a/test_a.py": "def test_a():\n    pass\n",
+                       "b/test_b0.py": "def test_b0():\n    pass\n",
+                       "b/test_b1.py": "import pytest\n\n@pytest.mark.spmd(ranks=2)\ndef test_b1(comm):\n    pass\n",
+                       "c/test_c.py": "def test_c():\n    pass\n"}.items():
+        path = where / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        (path.parent / "__init__.py").write_text("")
+        (path.parent / "conftest.py").write_text(
+            "import pytest\n\n@pytest.fixture(scope='package', autouse=True)\ndef pkg():\n    yield\n")
+        path.write_text(body)
+    result, cases, _ = pytest_in(where, "-q")
+    assert {n: o for n, (o, _, _) in cases.items()} == dict.fromkeys(["test_a", "test_b0", "test_b1", "test_c"],
+                                                                      "passed"), result.stdout[-3000:]
