@@ -303,7 +303,6 @@ def _pipeline(opts):
 
 def _train(opts):
     from spmd.bench import train
-    from spmd.bench.report import write_json
 
     given = click.get_current_context().get_parameter_source("pipeline_ranks")
     text = opts["pipeline_ranks"] if given == click.core.ParameterSource.COMMANDLINE else "1,2,4"
@@ -316,7 +315,14 @@ def _train(opts):
         doc = train.bench(ranks, opts["repeats"] or 5, progress=progress)
     except (SpmdError, subprocess.TimeoutExpired) as exc:
         raise click.ClickException(str(exc)) from None
-    click.echo(train.report(doc))
+    _show(train.report(doc), doc, opts)
+
+
+def _show(text, doc, opts):
+    """Print a benchmark's report; write its document as JSON where asked."""
+    from spmd.bench.report import write_json
+
+    click.echo(text)
     if opts["json_path"]:
         write_json(opts["json_path"], doc)
         click.echo(f"wrote {opts['json_path']}", err=True)
@@ -324,7 +330,6 @@ def _train(opts):
 
 def _pytest(opts):
     from spmd.bench import pytest_plugin
-    from spmd.bench.report import write_json
 
     progress = None if opts["quiet"] else (lambda line: click.echo(line, err=True))
     try:
@@ -332,10 +337,7 @@ def _pytest(opts):
                                   tools_path=opts["tools_path"], progress=progress)
     except (SpmdError, subprocess.TimeoutExpired) as exc:
         raise click.ClickException(str(exc)) from None
-    click.echo(pytest_plugin.report(doc))
-    if opts["json_path"]:
-        write_json(opts["json_path"], doc)
-        click.echo(f"wrote {opts['json_path']}", err=True)
+    _show(pytest_plugin.report(doc), doc, opts)
 
 
 def _preload(opts):

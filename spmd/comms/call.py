@@ -32,7 +32,7 @@ class CallPath:
         mon = self._mon
         call = mon.note(name, x, root, op)
         mon.busy = mon.seq  # the number note() just gave the call
-        if not collective or name == "split":
+        if not collective:
             mon.dirty = True
         try:
             result = mon.run(self, call, hook, args, x, async_op, collective) if mon.active else hook(*args)

@@ -66,6 +66,7 @@ class Objects:
         if color is not None and (not isinstance(color, int) or color < 0):
             raise CollectiveError(f"split: color must be a non-negative int or None, got {color!r}")
         key = self.rank if key is None else key
+        self._mon.dirty = True  # a group now hangs off this communicator
         return self._call(self._split_comm, (color, key), "split")
 
     def free(self) -> None:
