@@ -6,8 +6,9 @@ import sys
 import click
 
 from spmd.runtime.backends import BACKENDS
-from spmd.errors import LaunchError, RendezvousError
-from spmd.launch.supervise import launch
+from spmd.config.settings import parse_max_restarts
+from spmd.errors import LaunchError, RendezvousError, SettingsError
+from spmd.launch.restarts import launch_with_restarts
 from spmd.launch.forkserver.client import parse_modules
 
 __all__ = ["run"]
@@ -39,12 +40,20 @@ __all__ = ["run"]
                    "(the same modules, environment and directory), which skip the imports; "
                    "it exits after SECONDS with no launch [env SPMD_PRELOAD_KEEP; default: 0, "
                    "a server per launch].")
+@click.option("--max-restarts", metavar="N",
+              help="Relaunch the whole job after a failure, up to N times, each attempt with a "
+                   "fresh rendezvous and SPMD_RESTART_COUNT=0, 1, 2 ... in every rank's environment; "
+                   "a job the user stopped is not relaunched (docs/restarts.md) "
+                   "[env SPMD_MAX_RESTARTS; default: 0].")
+@click.option("--restart-ranks", type=click.IntRange(min=1), metavar="M",
+              help="Run the relaunched attempts on M ranks [default: NPROCS].")
 @click.option("-m", "module", is_flag=True,
               help="SCRIPT is a module name, run like python -m.")
 @click.argument("script")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
-def run(ctx, nprocs, backend, prefix, timeout, master_addr, preload, preload_keep, module, script, args):
+def run(ctx, nprocs, backend, prefix, timeout, master_addr, preload, preload_keep, max_restarts,
+        restart_ranks, module, script, args):
     """Run SCRIPT as NPROCS cooperating ranks on this machine.
 
     \b
@@ -53,7 +62,8 @@ def run(ctx, nprocs, backend, prefix, timeout, master_addr, preload, preload_kee
 
     Each rank runs `python -m spmd SCRIPT ARGS...` with SPMD_RANK,
     SPMD_SIZE, MASTER_ADDR and MASTER_PORT set. If a rank fails, the
-    others are stopped and its exit code is returned.
+    others are stopped and its exit code is returned; with --max-restarts N
+    the job is relaunched up to N times first.
 
     With --preload, one process imports the modules and every rank is
     forked from it, with the same environment, output and supervision;
@@ -77,9 +87,16 @@ def run(ctx, nprocs, backend, prefix, timeout, master_addr, preload, preload_kee
     else:
         preload_keep = 0  # SPMD_PRELOAD_KEEP applies to --preload launches only
     try:
-        code = launch(argv, nprocs, backend=backend, prefix=prefix,
-                      timeout=timeout, master_addr=master_addr, preload=preload,
-                      preload_keep=preload_keep)
+        max_restarts = parse_max_restarts(os.environ, max_restarts)
+    except SettingsError as e:
+        raise click.UsageError(str(e)) from None
+    if restart_ranks is not None and not max_restarts:
+        raise click.BadParameter("sets the size of relaunched attempts: give --max-restarts N "
+                                 "(or SPMD_MAX_RESTARTS) too", param_hint="'--restart-ranks'")
+    try:
+        code = launch_with_restarts(argv, nprocs, max_restarts=max_restarts, restart_ranks=restart_ranks,
+                                    backend=backend, prefix=prefix, timeout=timeout,
+                                    master_addr=master_addr, preload=preload, preload_keep=preload_keep)
     except (LaunchError, RendezvousError) as e:
         raise click.ClickException(str(e)) from None
     sys.exit(code)

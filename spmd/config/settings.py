@@ -31,6 +31,7 @@ __all__ = [
     "parse_preempt_signal",
     "parse_torch_group",
     "parse_tag_output",
+    "parse_max_restarts",
 ]
 
 #: Every backend name spmd knows; "auto" picks one of the others at init.
@@ -242,3 +243,21 @@ def parse_preempt_signal(environ: Mapping[str, str], name=None) -> Optional[int]
         f"unknown signal {text!r} (from {source}); use a name like USR1, SIGUSR2, TERM, "
         f"or a number from 1 to {signal.NSIG - 1}"
     )
+
+
+def parse_max_restarts(environ: Mapping[str, str], value=None, option="--max-restarts") -> int:
+    """Return how often spmd run relaunches a failed job: value (from option), else SPMD_MAX_RESTARTS, else 0."""
+    text = value if value is not None else environ.get("SPMD_MAX_RESTARTS", "")
+    if value is None and str(text).strip() == "":
+        return 0
+    try:
+        count = int(str(text).strip()) if not isinstance(text, (bool, float)) else -1
+    except ValueError:
+        count = -1
+    if count < 0:
+        shown = f"SPMD_MAX_RESTARTS={text!r}" if value is None else f"{option} {text!r}"
+        raise SettingsError(
+            f"{shown} is not a number of restarts: use a whole number, 0 or more "
+            "(0, the default, runs the job once; 2 relaunches a failed job up to twice)"
+        )
+    return count

@@ -83,7 +83,8 @@ def child_env(rank, size, *, port, master_addr="127.0.0.1", backend=None,
 
 
 def launch(argv, nprocs, *, backend=None, prefix=None, timeout=None,
-           master_addr="127.0.0.1", runner=("-m", "spmd"), env=None, preload=None, preload_keep=0):
+           master_addr="127.0.0.1", runner=("-m", "spmd"), env=None, preload=None, preload_keep=0,
+           outcome=None):
     """Run ``python *runner *argv`` as ``nprocs`` ranks; return exit code.
 
     preload: modules that one fork server imports before forking every rank
@@ -92,6 +93,9 @@ def launch(argv, nprocs, *, backend=None, prefix=None, timeout=None,
     preload_keep: seconds > 0 to fork them from this user's kept server
     for these modules, environment and directory instead, started if none
     serves and left running until idle that long (spmd.launch.forkserver.kept).
+    outcome: a dict that receives how the job ended, for spmd.launch.restarts:
+    rank and returncode of the failure reported (None if none), and stopped,
+    the first signal that stopped the launcher (None if none).
     """
     argv = list(argv)
     if not argv:
@@ -156,6 +160,8 @@ def launch(argv, nprocs, *, backend=None, prefix=None, timeout=None,
         failed = _supervise(procs, stop)
         if failed is not None:
             rank, code = failed
+            if outcome is not None:
+                outcome.update(rank=rank, returncode=code)
             for t in pumps[2 * rank:2 * rank + 2]:  # its last words first
                 t.join(timeout=1.0)
             out.say(f"spmd run: rank {rank} {_describe(code)}\n")
@@ -172,6 +178,10 @@ def launch(argv, nprocs, *, backend=None, prefix=None, timeout=None,
         if server is not None:
             server.close()
         restore()
+        if outcome is not None:
+            outcome.setdefault("rank", None)
+            outcome.setdefault("returncode", None)
+            outcome["stopped"] = stop[0] if stop else None
         for t in pumps + extra:
             t.join(timeout=GRACE)
 

@@ -422,7 +422,7 @@ def test_cli_reports_a_bad_master_addr(cli, tmp_path):
 @pytest.mark.unit
 def test_cli_passes_options_and_arguments(cli, tmp_path, monkeypatch):
     calls = []
-    monkeypatch.setattr("spmd.cli.run.launch",
+    monkeypatch.setattr("spmd.cli.run.launch_with_restarts",
                         lambda argv, n, **kw: calls.append((argv, n, kw)) or 5)
     script = write(tmp_path, "pass")
     res = CliRunner().invoke(cli, ["-n", "3", "--backend", "gloo", "--no-prefix",
@@ -430,7 +430,7 @@ def test_cli_passes_options_and_arguments(cli, tmp_path, monkeypatch):
     assert res.exit_code == 5
     argv, n, kw = calls[0]
     assert argv == [str(script), "-n", "9"] and n == 3
-    assert kw == dict(backend="gloo", prefix=False, timeout=2.5,
-                      master_addr="127.0.0.1", preload=None, preload_keep=0)
+    assert kw == dict(backend="gloo", prefix=False, timeout=2.5, master_addr="127.0.0.1",
+                      preload=None, preload_keep=0, max_restarts=0, restart_ranks=None)
     res = CliRunner().invoke(cli, ["-n", "2", "-m", "pkg.main", "--flag"])
     assert res.exit_code == 5 and calls[1][0] == ["-m", "pkg.main", "--flag"]
