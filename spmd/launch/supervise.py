@@ -20,6 +20,7 @@ import time
 
 from spmd.errors import LaunchError, RendezvousError
 from spmd.runtime.output import prefix as line_tag
+from spmd.runtime.secret import new as new_secret
 from spmd.launch.forkserver.client import ForkServer
 from spmd.launch.forkserver.kept import attach
 from spmd.launch.forkserver.process import death_signal
@@ -53,9 +54,10 @@ CAUSE_WAIT = 10.0  # ... and, while only ranks a peer ended (75) have exited, fo
 
 
 def child_env(rank, size, *, port, master_addr="127.0.0.1", backend=None,
-              timeout=None, listen_fd=None, base=None, prefixed=False):
+              timeout=None, listen_fd=None, base=None, prefixed=False, secret=None):
     """Return the environment of local rank ``rank`` of ``size``.
 
+    secret: the job's (SPMD_SECRET), which rank 0's store asks of every connection.
     prefixed: the launcher prefixes each line of the child's output itself,
     so the child must not (SPMD_TAG_OUTPUT=0).
     """
@@ -77,6 +79,8 @@ def child_env(rank, size, *, port, master_addr="127.0.0.1", backend=None,
         env["SPMD_TIMEOUT"] = str(int(t)) if t.is_integer() else repr(t)
     if listen_fd is not None:
         env["SPMD_LISTEN_FD"] = str(listen_fd)
+    if secret is not None:
+        env["SPMD_SECRET"] = secret
     if prefixed:
         env["SPMD_TAG_OUTPUT"] = "0"
     return env
@@ -120,9 +124,10 @@ def launch(argv, nprocs, *, backend=None, prefix=None, timeout=None,
     try:
         port = sock.getsockname()[1]
         preexec = _death_signal()
+        secret = new_secret().decode()
         envs = [child_env(rank, nprocs, port=port, master_addr=master_addr, backend=backend,
                           timeout=timeout, listen_fd=sock.fileno() if rank == 0 else None,
-                          base=env, prefixed=prefix) for rank in range(nprocs)]
+                          base=env, prefixed=prefix, secret=secret) for rank in range(nprocs)]
         started = True
         if preload and preload_keep:
             server = attach(preload, _shared(envs), preload_keep, stop=stop, echo=out.write)

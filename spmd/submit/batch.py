@@ -34,7 +34,7 @@ LAUNCHER_VARIABLES = (
     "RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE GROUP_RANK GROUP_WORLD_SIZE MASTER_ADDR "
     "MASTER_PORT TORCHELASTIC_RUN_ID SPMD_RANK SPMD_SIZE SPMD_LOCAL_RANK SPMD_LOCAL_SIZE "
     "SPMD_NODE_RANK SPMD_NUM_NODES SPMD_LISTEN_FD PMI_RANK PMI_SIZE PMI_FD MPI_LOCALRANKID "
-    "MPI_LOCALNRANKS"
+    "MPI_LOCALNRANKS SPMD_SECRET"
 ).split()
 _LAUNCHER_PREFIXES = ("OMPI_COMM_WORLD_", "MV2_COMM_WORLD_", "PMIX_")
 
@@ -133,6 +133,9 @@ def _environment(o: SubmitOptions) -> list[str]:
         "# The rendezvous address: the first node of the allocation.",
         'MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"',
         "export MASTER_ADDR PYTHONUNBUFFERED=1",
+        "# The job's secret, asked of every connection to rank 0's store: made here, never written down.",
+        "SPMD_SECRET=\"$(od -An -N16 -tx1 /dev/urandom | tr -d ' \\n')\"",
+        "export SPMD_SECRET",
     ]
     if o.backend != "auto":
         out.append(f"export SPMD_BACKEND={o.backend}")

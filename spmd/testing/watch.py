@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from spmd.launch.forkserver.process import die_with, flush_std
+from spmd.runtime import secret as job_secret
 from spmd.testing import rank as rank_
 from spmd.testing import wire
 
@@ -86,6 +87,7 @@ def _fork(items: dict[str, Any], config: Any, size: int, backend: str, timeout: 
         capman.suspend_global_capture()
     flush_std()
     gc.freeze()  # what collection made: never copied by a rank's collections
+    os.environ[job_secret.ENV] = job_secret.new().decode()  # this world's, for its store (child_env keeps it)
     try:
         for r in range(size):
             mine, theirs = wire.pair()

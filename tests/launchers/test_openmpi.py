@@ -102,3 +102,21 @@ def test_openmpi_mpi4py_under_mpich_mpirun_is_a_singleton_error(openmpi):
     for words in ("PlacementError", "MPI singleton", "PMI_SIZE=2", "mpi4py is linked to another MPI",
                   "Open MPI"):
         assert words in out, f"{words!r} missing from:\n{out[-4000:]}"
+
+
+@pytest.mark.timeout(240, func_only=True)
+@pytest.mark.parametrize("backend", ["mpi", "gloo"])
+def test_no_socket_of_a_two_rank_job_under_open_mpi_listens_on_every_interface(openmpi, backend):
+    """As tests/runtime/test_sockets.py under MPICH. Open MPI's TCP transport listens on every interface
+    in each rank (its own, not spmd's: docs/reliability.md); on one host it is not needed, and a user
+    turns it off as here (OMPI_MCA_btl=^tcp), which leaves spmd's sockets alone to check."""
+    from tests.runtime.test_sockets import sockets_of, wildcard
+
+    mpirun, python = openmpi
+    env = clean_env(SPMD_BACKEND=backend, SPMD_TORCH_GROUP="1", SPMD_TIMEOUT="60", OMPI_MCA_btl="^tcp", **ROOT_OK)
+    result = run([mpirun, "--oversubscribe", "-n", 2, python, WORLDS / "sockets.py", "list"], 200, env)
+    assert result.returncode == 0, result.stdout[-3000:]
+    for rank, seen in sockets_of(result.stdout).items():
+        assert seen["sum"] == [1.0, 3.0, 5.0, 7.0], result.stdout[-3000:]
+        wide = {inode: a for inode, a in seen["own"].items() if wildcard(a[0])}
+        assert not wide, f"rank {rank} listens on every interface under Open MPI: {wide}\n{result.stdout[-3000:]}"

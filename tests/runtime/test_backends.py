@@ -92,7 +92,7 @@ def test_a_busy_port_is_named_with_the_way_out():
         busy.listen()
         port = busy.getsockname()[1]
         with pytest.raises(RendezvousError) as info:
-            rendezvous._serve("127.0.0.1", port, 2, 5)
+            rendezvous._serve("127.0.0.1", port, 2, 5, b"0123456789abcdef")
     assert f"127.0.0.1:{port}" in str(info.value) and "in use" in str(info.value)
     assert "MASTER_PORT" in str(info.value)
 
