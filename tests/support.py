@@ -134,6 +134,21 @@ def left_behind(mark, grace=1.0):
     return found
 
 
+#: What a job's script prints where a promise starts (a rank about to raise, to wait, to be killed):
+#: CLOCK_MONOTONIC is one clock for every process of the host, so the test can time the run from there,
+#: never from the launcher's start, which counts interpreter start and ``import torch``.
+PROMISE = 'print("SPMD-PROMISE-AT", __import__("time").monotonic(), flush=True)'
+_PROMISED = re.compile(r"SPMD-PROMISE-AT (\d+\.\d+)")
+
+
+def since_promise(out, ended=None):
+    """Seconds from the first promise line in out to ended (default: now); None when none was printed."""
+    times = [float(t) for t in _PROMISED.findall(out)]
+    if not times:
+        return None
+    return (time.monotonic() if ended is None else ended) - min(times)
+
+
 def run(cmd, timeout=120, env=None, what=None):
     """Run cmd to completion with a hard timeout; return the CompletedProcess."""
     return finish(start(cmd, env), timeout, what or " ".join(map(str, cmd[:6])))

@@ -152,6 +152,7 @@ def test_consecutive_launches_share_one_kept_server_and_a_failing_rank_still_end
         from spmd import comm
         comm.barrier()
         if comm.rank == 1:
+            PROMISE
             raise ValueError("rank 1 found a bad record")
         comm.barrier()
     """, name="failing.py")
@@ -427,7 +428,7 @@ def test_the_cli_passes_preload_keep_and_its_variable_needs_preload(tmp_path, mo
     with pytest.raises(LaunchError, match="preload_keep must be a number of seconds >= 0"):
         launch(["x.py"], 2, preload=["torch"], preload_keep=-1)
     calls = []
-    monkeypatch.setattr("spmd.cli.run.launch", lambda argv, n, **kw: calls.append(kw) or 0)
+    monkeypatch.setattr("spmd.cli.run.launch_with_restarts", lambda argv, n, **kw: calls.append(kw) or 0)
     script = write(tmp_path, "pass")
     res = CliRunner().invoke(cli, ["run", "-n", "2", "--preload", "torch", "--preload-keep", "60", str(script)])
     assert res.exit_code == 0 and calls[-1]["preload_keep"] == 60, res.output
