@@ -16,7 +16,7 @@ from spmd.failfast.abort import exit_now
 __all__ = ["Hub", "Reply", "REPORT_WAIT", "ANSWER_WAIT"]
 
 #: Seconds a failing rank waits for the hub's answer; without one it prints in full.
-ANSWER_WAIT = 2.0
+ANSWER_WAIT = 5.0
 #: Seconds an ABORT waits for this rank's own report to be written.
 REPORT_WAIT = 3.0
 
