@@ -173,7 +173,8 @@ def _start(settings, environ, guarded=True):
     comm = open_comm(name, placement, device, timeout=seconds, monitor=monitor, store=store)
     if store is not None and guarded:
         share = store_share(store, placement.rank)
-        guards.append(open_hub(placement.rank, placement.size, share, local, seconds, monitor.family))
+        host = getattr(store, "address", (None,))[0]  # the job store's interface (not torchrun's store)
+        guards.append(open_hub(placement.rank, placement.size, share, local, seconds, monitor.family, host))
     return comm, guards
 
 

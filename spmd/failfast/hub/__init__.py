@@ -27,7 +27,9 @@ __all__ = ["open_hub", "Hub", "HubServer", "HubClient", "Reply", "store_share", 
 
 
 def open_hub(rank: int, size: int, share: Callable[[str | None], str], local_only: bool, timeout: float,
-             monitors: Sequence[Any] = ()) -> Hub:
-    """Start this rank's side of the hub: the server on rank 0, a client elsewhere (Hub's arguments)."""
-    side = HubServer if rank == 0 else HubClient
-    return side(rank, size, share, local_only, timeout, monitors)
+             monitors: Sequence[Any] = (), host: str | None = None) -> Hub:
+    """Start this rank's side of the hub: the server on rank 0, a client elsewhere (Hub's arguments;
+    host: an address of rank 0's that the others reach, the rendezvous store's, where the hub listens too)."""
+    if rank == 0:
+        return HubServer(rank, size, share, local_only, timeout, monitors, host=host)
+    return HubClient(rank, size, share, local_only, timeout, monitors)

@@ -160,11 +160,20 @@ def hub_says(text: bytes) -> tuple | None:
     return None
 
 
-def listen(local_only: bool, size: int) -> tuple[socket.socket, str]:
-    """Bind the hub where the other ranks will be told to connect; return (socket, that address)."""
+def listen(local_only: bool, size: int, host: str | None = None) -> tuple[socket.socket, str]:
+    """Bind the hub where the other ranks will be told to connect; return (socket, that address).
+
+    host: an address of this host the others reach (the rendezvous store's), tried first across hosts.
+    """
     backlog = max(size, socket.SOMAXCONN)
     if local_only:
         return socket.create_server(("127.0.0.1", 0), backlog=backlog), "127.0.0.1"
+    if host:
+        try:
+            family = socket.AF_INET6 if ":" in host else socket.AF_INET
+            return socket.create_server((host, 0), family=family, backlog=backlog), host
+        except OSError:
+            pass
     host = socket.gethostname()
     try:
         infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
@@ -178,7 +187,8 @@ def listen(local_only: bool, size: int) -> tuple[socket.socket, str]:
             return socket.create_server((str(ip), 0), family=family, backlog=backlog), str(ip)
         except OSError:
             continue
-    # No address of this host's name can be bound: every interface, guarded by the secret alone.
+    # No address of this host's name can be bound (and no store's address: the mpi backend): every
+    # interface, guarded by the secret alone.
     return socket.create_server(("", 0), backlog=backlog), host
 
 

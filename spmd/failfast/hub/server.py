@@ -41,9 +41,9 @@ class HubServer(Hub):
     """Rank 0's hub: every other rank's connection, the one report of failures and of stacks."""
 
     def __init__(self, rank: int, size: int, share: Callable[[str | None], str], local_only: bool,
-                 timeout: float, monitors: Sequence[Any] = ()) -> None:
+                 timeout: float, monitors: Sequence[Any] = (), host: str | None = None) -> None:
         super().__init__(rank, size, share, local_only, timeout, monitors)
-        self._server, host = wire.listen(local_only, size)
+        self._server, host = wire.listen(local_only, size, host)
         self._server.setblocking(False)
         self._secret = wire.new_secret()
         #: (host, port) where the hub listens, as the other ranks are told.
