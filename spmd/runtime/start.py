@@ -19,8 +19,8 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Callable, TypeVar
 
 from spmd.failfast import abort
-from spmd.runtime import backends
-from spmd.runtime import output
+from spmd.runtime import backends, output
+from spmd.runtime.mpishm import release_segments
 from spmd.failfast.abort import abort_job
 from spmd.errors import BackendError, SettingsError
 from spmd.config.placement import check_mpi_vendor, check_mpi_world, detect
@@ -47,9 +47,8 @@ def _timeout(timeout, environ):
 def _init_mpi_within(MPI, placement, seconds):
     """MPI_Init, which waits for every rank: end the job if one never comes.
 
-    MPI_Init holds the GIL, so no Python thread can watch it; a forked
-    child does, and kills this process (and so, through the launcher,
-    the job) when the time is up.
+    MPI_Init holds the GIL, so no Python thread can watch it; a forked child
+    does, and kills this process (and so, through the launcher, the job) when the time is up.
     """
     parent = os.getpid()
     child = os.fork()
@@ -88,6 +87,7 @@ def _mpi_world(placement, seconds):
     if not MPI.Is_initialized():
         check_mpi_vendor(placement, MPI.get_vendor()[0], MPI.Get_library_version())
         _init_mpi_within(MPI, placement, seconds)
+        release_segments(MPI, MPI.COMM_WORLD)  # no failure of the job can leave MPICH's behind
     world = MPI.COMM_WORLD
     check_mpi_world(placement, world.Get_rank(), world.Get_size(), MPI.Get_library_version())
     return world
