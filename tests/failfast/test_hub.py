@@ -456,3 +456,20 @@ def test_a_fuzzed_job_still_finishes_and_still_fails_fast(tmp_path, ending):
     # Rank 0's "rank 1 of 2 died without reporting an error" is usually in out, but
     # Hydra drops output it has not forwarded when the job ends (docs/reliability.md).
 
+
+
+@pytest.mark.unit
+@pytest.mark.timeout(30)
+def test_a_rank_that_said_fail_is_not_ended_by_the_abort_it_caused(hub, exits):
+    """Its own exit status must win (a raise under spmd run once came out as 75, the ABORT's, in a soak)."""
+    from spmd.failfast.hub import HubClient
+
+    failing = HubClient(1, SIZE, lambda value: hub.shared[0], True, 5)
+    other = HubClient(2, SIZE, lambda value: hub.shared[0], True, 5)
+    failing.fail()
+    ended = [exits.get(timeout=10), exits.get(timeout=10)]  # rank 0 (this process's hub) and rank 2
+    assert [code for code, _ in ended] == [PEER_EXIT, PEER_EXIT]
+    time.sleep(1.0)
+    assert exits.empty(), "the failing rank was ended by the ABORT it caused"
+    for client in (failing, other):
+        client._closing = True

@@ -33,6 +33,7 @@ class HubClient(Hub):
         self._sock.sendall(hello)
         self._send_lock = threading.Lock()
         self._report = Reply()  # the stacks report rank 0 sends back
+        self._failing = False  # this rank said FAIL: it ends with its own status, not the ABORT's
         self._thread = threading.Thread(target=self._watch, name="spmd-hub", daemon=True)
         self._thread.start()
 
@@ -63,7 +64,8 @@ class HubClient(Hub):
         """Act on a message of rank 0's."""
         if said[0] == wire.ABORT:
             self._closing = True
-            self._end(PEER_EXIT)
+            if not self._failing:  # the ABORT this rank's own FAIL caused must not win its exit (75)
+                self._end(PEER_EXIT)
         elif said[0] == wire.FULL:
             self._verdict.set(self.rank)
         elif said[0] == wire.SAME:
@@ -95,7 +97,8 @@ class HubClient(Hub):
         return self._send(wire.line(wire.WHERE, reason, int(wait * 1000)))
 
     def fail(self) -> None:
-        """Tell every rank that this one failed (it prints its own traceback)."""
+        """Tell every rank that this one failed (it prints its own traceback, then exits with its status)."""
+        self._failing = True
         self._send(wire.line(wire.FAIL))
 
     def close(self) -> None:
