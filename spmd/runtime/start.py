@@ -11,19 +11,16 @@ from __future__ import annotations
 
 import atexit
 import os
-import signal
 import sys
 import threading
-import time
 from datetime import timedelta
 from typing import TYPE_CHECKING, Callable, TypeVar
 
 from spmd.failfast import abort
-from spmd.runtime import backends, output
-from spmd.runtime.mpishm import release_segments
+from spmd.runtime import backends, mpiworld, output
 from spmd.failfast.abort import abort_job
 from spmd.errors import BackendError, SettingsError
-from spmd.config.placement import check_mpi_vendor, check_mpi_world, detect
+from spmd.config.placement import detect
 from spmd.config.settings import DEFAULT_TIMEOUT, Settings, parse_timeout
 
 if TYPE_CHECKING:
@@ -42,55 +39,6 @@ _finalizers = []  # called at every finalize: caches of the communicator that ju
 def _timeout(timeout, environ):
     """Return seconds from the timeout argument, else environ's SPMD_TIMEOUT, else 1800."""
     return parse_timeout(environ, timeout)
-
-
-def _init_mpi_within(MPI, placement, seconds):
-    """MPI_Init, which waits for every rank: end the job if one never comes.
-
-    MPI_Init holds the GIL, so no Python thread can watch it; a forked child
-    does, and kills this process (and so, through the launcher, the job) when the time is up.
-    """
-    parent = os.getpid()
-    child = os.fork()
-    if child == 0:  # the watcher: wait, then speak and end the parent
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            time.sleep(0.2)
-            if os.getppid() != parent:  # the parent is gone: never kill a reused pid
-                os._exit(0)
-        os.write(2, (
-            f"### spmd: rank {placement.rank}: MPI_Init did not complete within {seconds:g} s: "
-            f"not all {placement.size} ranks started (see the launcher's output), "
-            "or raise SPMD_TIMEOUT\n"
-        ).encode())
-        os.kill(parent, signal.SIGKILL)
-        os._exit(0)
-    try:
-        MPI.Init_thread(MPI.THREAD_MULTIPLE)
-    finally:
-        os.kill(child, signal.SIGKILL)
-        os.waitpid(child, 0)
-
-
-def _mpi_world(placement, seconds):
-    """Return MPI.COMM_WORLD if mpi4py is importable and agrees with the launcher."""
-    try:
-        import mpi4py
-    except ImportError:
-        return None
-    if "mpi4py.MPI" not in sys.modules:
-        # Look at the library before MPI_Init, which aborts under a foreign launcher.
-        mpi4py.rc.initialize = False
-        mpi4py.rc.finalize = True
-    from mpi4py import MPI
-
-    if not MPI.Is_initialized():
-        check_mpi_vendor(placement, MPI.get_vendor()[0], MPI.Get_library_version())
-        _init_mpi_within(MPI, placement, seconds)
-        release_segments(MPI, MPI.COMM_WORLD)  # no failure of the job can leave MPICH's behind
-    world = MPI.COMM_WORLD
-    check_mpi_world(placement, world.Get_rank(), world.Get_size(), MPI.Get_library_version())
-    return world
 
 
 def _choose(requested, placement, mpi_world, environ):
@@ -146,7 +94,7 @@ def _start(settings, environ, guarded=True):
 
         device = "cuda:0" if settings.backend == "nccl" and backends.cuda_usable() else "cpu"
         return SerialComm(placement, device, seconds, _monitor(settings, False)), []
-    mpi_world = _mpi_world(placement, seconds) if placement.is_mpi else None
+    mpi_world = mpiworld.mpi_world(placement, seconds) if placement.is_mpi else None
     name = _choose(settings.backend, placement, mpi_world, environ)
     monitor = _monitor(settings, name == "nccl")
     local = placement.num_nodes == 1
@@ -160,6 +108,7 @@ def _start(settings, environ, guarded=True):
         comm = MpiComm(mpi_world, placement, seconds, monitor)
         timer = MpiTimeout(comm, monitor.family)
         hub = open_hub(placement.rank, placement.size, comm.broadcast_object, local, seconds, monitor.family)
+        mpiworld.release_segments_of(mpi_world)
         return comm, [timer, hub] + side
     from spmd.comms.backends.torchdist.world import init_process_group, open_comm
     from spmd.failfast.hub import open_hub, store_share
@@ -175,6 +124,7 @@ def _start(settings, environ, guarded=True):
         share = store_share(store, placement.rank)
         host = getattr(store, "address", (None,))[0]  # the job store's interface (not torchrun's store)
         guards.append(open_hub(placement.rank, placement.size, share, local, seconds, monitor.family, host))
+    mpiworld.release_segments_of(mpi_world)
     return comm, guards
 
 

@@ -3,7 +3,7 @@
 MODE list: after init and a collective, each rank prints ``SOCKETS <rank> <json>``:
 its listening TCP sockets ({inode: [host, port]}) and those it shares with the
 processes above it (the launcher's, inherited).  MODE outsider: rank 0 prints
-``PID 0 <pid>``; rank 1 enters init only once FLAGS_DIR/init exists, and after
+``PID 0 <pid>`` (under MPI once every rank has started MPI); rank 1 enters spmd.init only once FLAGS_DIR/init exists, and after
 init the ranks wait for FLAGS_DIR/run before their collectives, so a test can
 try rank 0's sockets while the others wait in init and while the job runs.
 """
@@ -29,9 +29,11 @@ mode = sys.argv[1]
 flags = sys.argv[2] if len(sys.argv) > 2 else None
 rank = detect().rank
 if mode == "outsider":
+    if os.environ.get("SPMD_BACKEND") == "mpi" or "PMI_RANK" in os.environ:
+        # MPI's own sockets first, the store's after the PID line; on every rank, since MPICH's
+        # MPI_Init waits for all (spmd.init then finds MPI started on every rank alike).
+        from mpi4py import MPI  # noqa: F401
     if rank == 0:
-        if os.environ.get("SPMD_BACKEND") == "mpi" or "PMI_RANK" in os.environ:
-            from mpi4py import MPI  # noqa: F401  (MPI's own sockets first: the store's come after the line)
         print(f"PID 0 {os.getpid()}", flush=True)
     else:
         wait_for(os.path.join(flags, "init"))

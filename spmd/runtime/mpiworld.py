@@ -1,0 +1,73 @@
+"""MPI's world for spmd.init: the library checked against the launcher before MPI_Init, MPI_Init
+bounded by the job's timeout, the world checked, and MPICH's /dev/shm segment released."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+from spmd.config.placement import check_mpi_vendor, check_mpi_world
+from spmd.runtime.mpishm import release_segments
+
+__all__ = ["mpi_world", "init_mpi_within", "release_segments_of"]
+
+
+def init_mpi_within(MPI, placement, seconds):
+    """MPI_Init, which waits for every rank: end the job if one never comes.
+
+    MPI_Init holds the GIL, so no Python thread can watch it; a forked child
+    does, and kills this process (and so, through the launcher, the job) when the time is up.
+    """
+    parent = os.getpid()
+    child = os.fork()
+    if child == 0:  # the watcher: wait, then speak and end the parent
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            time.sleep(0.2)
+            if os.getppid() != parent:  # the parent is gone: never kill a reused pid
+                os._exit(0)
+        os.write(2, (
+            f"### spmd: rank {placement.rank}: MPI_Init did not complete within {seconds:g} s: "
+            f"not all {placement.size} ranks started (see the launcher's output), "
+            "or raise SPMD_TIMEOUT\n"
+        ).encode())
+        os.kill(parent, signal.SIGKILL)
+        os._exit(0)
+    try:
+        MPI.Init_thread(MPI.THREAD_MULTIPLE)
+    finally:
+        os.kill(child, signal.SIGKILL)
+        os.waitpid(child, 0)
+
+
+def mpi_world(placement, seconds):
+    """Return MPI.COMM_WORLD if mpi4py is importable and agrees with the launcher."""
+    try:
+        import mpi4py
+    except ImportError:
+        return None
+    if "mpi4py.MPI" not in sys.modules:
+        # Look at the library before MPI_Init, which aborts under a foreign launcher.
+        mpi4py.rc.initialize = False
+        mpi4py.rc.finalize = True
+    from mpi4py import MPI
+
+    if not MPI.Is_initialized():
+        check_mpi_vendor(placement, MPI.get_vendor()[0], MPI.Get_library_version())
+        init_mpi_within(MPI, placement, seconds)
+    world = MPI.COMM_WORLD
+    check_mpi_world(placement, world.Get_rank(), world.Get_size(), MPI.Get_library_version())
+    return world
+
+
+def release_segments_of(mpi_world):
+    """Collective: once the communicator stands, MPICH's /dev/shm segment loses its name, so that no
+    failure of the job can leave it behind.  Every rank calls it at the same point of _start, whoever
+    called MPI_Init: a rank whose script imported mpi4py.MPI first must not skip a barrier the others
+    wait in, and no rank waits in it before rank 0 serves the store (a peer may start late)."""
+    if mpi_world is not None:
+        from mpi4py import MPI
+
+        release_segments(MPI, mpi_world)
