@@ -473,3 +473,18 @@ def test_a_rank_that_said_fail_is_not_ended_by_the_abort_it_caused(hub, exits):
     assert exits.empty(), "the failing rank was ended by the ABORT it caused"
     for client in (failing, other):
         client._closing = True
+
+
+@pytest.mark.unit
+def test_a_rank_that_greets_after_the_job_was_ended_hears_abort(hub, exits):
+    """A rank whose greeting is read after another's FAIL was told to every rank then must be told too
+    (it came out as a lost ABORT under load: the hub told only the ranks it had met)."""
+    from spmd.failfast.hub import HubClient
+
+    failing = HubClient(1, SIZE, lambda value: hub.shared[0], True, 5)
+    failing.fail()
+    assert exits.get(timeout=10)[0] == PEER_EXIT  # rank 0, this process's hub
+    late = HubClient(2, SIZE, lambda value: hub.shared[0], True, 5)
+    assert exits.get(timeout=10)[0] == PEER_EXIT  # the late rank 2
+    for client in (failing, late):
+        client._closing = True

@@ -50,6 +50,7 @@ class HubServer(Hub):
         self.address = (host, self._server.getsockname()[1])
         share(wire.invitation(host, self.address[1], self._secret))
         self._peers = Peers()
+        self._aborted = False  # the job was ended (a rank failed or died): a late greeting hears ABORT
         # The rest is the serve thread's alone.
         self._pending: dict[socket.socket, float] = {}  # socket -> deadline for its greeting, oldest first
         self._readers: dict[socket.socket, wire.Reader] = {}  # every open connection's
@@ -198,6 +199,8 @@ class HubServer(Hub):
         self._pending.pop(conn, None)  # (a rank that said BYE is no longer pending)
         self._peers.add(conn, rank)
         self._met.add(rank)
+        if self._aborted:  # it greets after the job was ended: it must hear so too
+            self._peers.write(conn, wire.line(wire.ABORT))
 
     def _lost(self, conn: socket.socket) -> None:
         """The other end closed conn: a death if it was a rank that had not said BYE."""
@@ -280,7 +283,7 @@ class HubServer(Hub):
             waiter.set(text)
 
     def _abort_all(self, message: str | None) -> None:
-        self._closing = True
+        self._closing = self._aborted = True
         self._peers.tell_all(wire.line(wire.ABORT))
         self._end(PEER_EXIT, f"### spmd: {message}; ending the job" if message else None)
 
@@ -313,7 +316,7 @@ class HubServer(Hub):
 
     def fail(self) -> None:
         """Tell every rank that this one failed (it prints its own traceback)."""
-        self._closing = True
+        self._closing = self._aborted = True
         self._peers.tell_all(wire.line(wire.ABORT))
 
     def close(self) -> None:
