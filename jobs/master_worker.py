@@ -24,7 +24,7 @@ import time
 import click
 import numpy as np
 
-from spmd import comm
+from spmd import comm, run_command
 
 #: Tags: workers ask (and return a result) on ASK; the master answers on WORK.
 ASK, WORK = 1, 2
@@ -134,4 +134,4 @@ def main(items, rows, cols, seed, slow_rank, delay, quiet):
 
 
 if __name__ == "__main__":
-    main()
+    run_command(main)  # a bad option: said once, every rank exits 2

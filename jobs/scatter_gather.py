@@ -29,18 +29,23 @@ import time
 
 import click
 
-from spmd import comm
+from spmd import comm, run_command
 from spmd.runtime import preempt
 from spmd.pipeline import tasks
 from spmd.pipeline.balance import MODES as BALANCES
 from spmd.errors import PipelinePreempted
+from spmd.pipeline.sinks import check_output
+from spmd.util.clock import process_age
 from spmd.pipeline.run import READS, WRITES, PipelineError, SyntheticTable, on_root, open_source, pipeline
 
 DEFAULT_ROWS = 1_000_000
 
 
-def open_input(path, rows, features, seed):
-    """Return the source to read: the file or directory at path, else a synthetic table."""
+def open_input(path, rows, features, seed, output=None):
+    """Return the source to read: the file or directory at path, else a synthetic table.
+    A wrong output path is found first, before any input is read."""
+    if output is not None:
+        check_output(output)
     if path is None:
         return SyntheticTable(DEFAULT_ROWS if rows is None else rows, features, seed)
     return open_source(path)
@@ -90,10 +95,12 @@ def main(input_path, rows, features, seed, task, output, chunk_rows, read, write
         raise click.UsageError("--resume needs --output FILE.npy: the journal records the rounds written there")
     if resume:
         preempt.install()  # a preemption signal ends the run at a round's end, journal up to date
-    started = time.perf_counter()
     show_progress = not quiet and (sys.stderr.isatty() if progress is None else progress)
     try:
-        source = on_root(lambda: open_input(input_path, rows, features, seed))
+        import torch  # noqa: F401 - the tasks run on it: its import is start-up, not work
+        startup = comm.gather_object(process_age(), root=0)  # python, imports, spmd.init on each rank
+        started = time.perf_counter()
+        source = on_root(lambda: open_input(input_path, rows, features, seed, output))
         fn = tasks.build(task, source, seed=seed)
         prepared = time.perf_counter() - started
         result = pipeline(fn, source, output=output or discard, chunk_rows=chunk_rows, verify=verify,
@@ -110,7 +117,9 @@ def main(input_path, rows, features, seed, task, output, chunk_rows, read, write
     if result is None:
         return
     if not quiet:
-        print(f"task {task} on {source!r}; prepared in {prepared:.3f} s")
+        up = f"start-up {max(startup):.3f} s (the slowest rank's python, import torch and spmd.init); " \
+            if startup and None not in startup else ""
+        print(f"task {task} on {source!r}; {up}input and task ready in {prepared:.3f} s")
         print(result.summary())
         if output:
             print(f"wrote {output}")
@@ -120,4 +129,4 @@ def main(input_path, rows, features, seed, task, output, chunk_rows, read, write
 
 
 if __name__ == "__main__":
-    main()
+    run_command(main)  # a bad option: said once, every rank exits 2

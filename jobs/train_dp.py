@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from spmd import comm
+from spmd import comm, run_command
 from spmd.runtime import preempt
 from spmd.train.data_parallel import (
     DataParallel,
@@ -320,4 +320,4 @@ def main(**options):
 
 
 if __name__ == "__main__":
-    main()
+    run_command(main)  # a bad option: said once, every rank exits 2

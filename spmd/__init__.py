@@ -18,6 +18,7 @@ __all__ = [
     "init",
     "finalize",
     "initialized",
+    "run_command",
     "Comm",
     "Handle",
     "SpmdError",
@@ -76,6 +77,7 @@ from spmd.errors import (  # every error spmd raises: the tree under SpmdError
     TaskError,
 )
 from spmd.runtime.start import finalize, init, initialized
+from spmd.runtime.usage import run_command
 
 if TYPE_CHECKING:  # imported on first use at run time (__getattr__), so `import spmd` stays light
     from spmd import data_parallel, pipeline, preempt, tasks

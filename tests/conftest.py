@@ -8,15 +8,17 @@ import os
 import pytest
 
 from tests.support import CI, MPIRUN, PLACEMENT, PLACEMENT_NAMES
-
-def pytest_configure(config):
-    for name in [k for k in os.environ if k.startswith(PLACEMENT) or k in PLACEMENT_NAMES]:
-        del os.environ[name]
-
+from tests.tiers import TierClock
 
 # -- tiers: every test is exactly one of these (setup.cfg registers them, docs/testing.md) --
 
 TIERS = ("unit", "launcher", "slurm")
+
+
+def pytest_configure(config):
+    for name in [k for k in os.environ if k.startswith(PLACEMENT) or k in PLACEMENT_NAMES]:
+        del os.environ[name]
+    config.pluginmanager.register(TierClock(config, TIERS), "spmd-tiers")  # tier by tier, saying where
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects: a test without a tier fails every run

@@ -67,6 +67,9 @@ def clean_env(**extra):
     # Hermetic on a GPU machine: no test world may see CUDA, or auto would pick nccl
     # where a test expects gloo or mpi. A test that wants a GPU passes its own value.
     env["CUDA_VISIBLE_DEVICES"] = ""
+    # The same output on any machine: no hint that depends on its number of CPUs (tests of the
+    # hints pass SPMD_HINTS=1).
+    env["SPMD_HINTS"] = "0"
     env.update({k: str(v) for k, v in extra.items()})
     return env
 

@@ -12,7 +12,7 @@ pytestmark = pytest.mark.unit
 
 #: module -> names a user imports from it.
 PUBLIC = {
-    "spmd": ["comm", "init", "finalize", "initialized", "Comm", "Handle", "SpmdError", "CollectiveError",
+    "spmd": ["comm", "init", "finalize", "initialized", "run_command", "Comm", "Handle", "SpmdError", "CollectiveError",
              "CollectiveTimeout", "PeerLostError", "PipelineError", "DataParallelError", "CheckpointError"],
     "spmd.errors": list(spmd.errors.__all__),
     "spmd.pipeline": ["pipeline", "Result", "NpySource", "ShardSource", "SyntheticTable", "CsvSource"],

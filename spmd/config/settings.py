@@ -68,6 +68,8 @@ class Settings:
     else SPMD_TORCH_GROUP; None: auto (on when torch is imported at init)."""
     tag_output: bool = False
     """Prefix each line of stdout and stderr with '[rank] ' (SPMD_TAG_OUTPUT), like spmd run."""
+    hints: bool = True
+    """Rank 0 says in one line when the job is set up slower than it could be (SPMD_HINTS; default on)."""
 
     @classmethod
     def parse(cls, environ: Mapping[str, str], backend=None, timeout=None, debug=None,
@@ -84,6 +86,7 @@ class Settings:
             listen_fd=_parse_listen_fd(environ),
             torch_group=parse_torch_group(environ, torch_group),
             tag_output=parse_tag_output(environ),
+            hints=_parse_flag(environ, "SPMD_HINTS", None) if environ.get("SPMD_HINTS", "").strip() else True,
         )
 
 
@@ -99,6 +102,7 @@ VARIABLES = {
     "listen_fd": "SPMD_LISTEN_FD",
     "torch_group": "SPMD_TORCH_GROUP",
     "tag_output": "SPMD_TAG_OUTPUT",
+    "hints": "SPMD_HINTS",
 }
 
 

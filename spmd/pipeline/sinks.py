@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 
 from spmd.util.atomic import AtomicFile, fsync_dir
-from spmd.errors import PipelineError, PipelineTypeError
+from spmd.errors import PipelineError, PipelineTypeError, PipelineValueError
 
-__all__ = ["open_sink", "Collect", "NpyFile", "RowWriter", "Call", "partial_path"]
+__all__ = ["open_sink", "check_output", "Collect", "NpyFile", "RowWriter", "Call", "partial_path"]
 
 
 class Collect:
@@ -124,6 +124,7 @@ class NpyFile:
     positional = True
 
     def __init__(self, path, rows, resume=False):
+        check_output(path)
         self.path, self.rows, self.resume = Path(path), int(rows), resume
         self.partial = partial_path(self.path) if resume else None
         self.atomic = self.writer = None
@@ -212,6 +213,21 @@ class NpyFile:
             os.replace(self.partial, self.path)
             fsync_dir(os.path.dirname(os.path.abspath(self.path)))
         return self.path
+
+
+def check_output(path):
+    """Raise PipelineValueError, naming path, unless a file can be made there: checked before any input
+    is read, so a mistyped directory is found at once, not after the first round's compute."""
+    path = Path(path)
+    where = path.parent
+    if path.is_dir():
+        raise PipelineValueError(f"output {path}: is a directory; give a file name such as {path / 'out.npy'}")
+    if not where.is_dir():
+        raise PipelineValueError(f"output {path}: the directory {where} does not exist; create it "
+                                 f"(mkdir -p {where}) or choose another output path")
+    if not os.access(where, os.W_OK | os.X_OK):
+        raise PipelineValueError(f"output {path}: the directory {where} is not writable by this user; "
+                                 "choose another output path")
 
 
 def open_sink(output, rows, resume=False):

@@ -63,6 +63,7 @@ class NpySource:
 
     def __init__(self, path: PathLike) -> None:
         self.path = Path(path)
+        _check_npy(self.path)
         try:
             self._map = np.load(self.path, mmap_mode="r")
         except ValueError as exc:
@@ -80,6 +81,38 @@ class NpySource:
 
     def __repr__(self) -> str:
         return f"<NpySource {self.path} {self.shape} {self.dtype}>"
+
+
+def _check_npy(path: Path) -> None:
+    """Raise SourceError, saying what is wrong and what to do, unless path is a whole .npy file of numbers."""
+    from numpy.lib import format as npy
+
+    size = path.stat().st_size
+    if size == 0:
+        raise SourceError(f"{path}: the file is empty (0 bytes): was it copied completely?")
+    with open(path, "rb") as f:
+        try:
+            version = npy.read_magic(f)
+        except ValueError:
+            raise SourceError(f"{path}: not a .npy file (it does not begin with numpy's header); write it with "
+                              "numpy.save, or give a .csv file or a directory of .npy shards") from None
+        try:
+            if version in ((1, 0), (2, 0)):
+                read = npy.read_array_header_1_0 if version == (1, 0) else npy.read_array_header_2_0
+                shape, _, dtype = read(f)
+            else:  # 3.0 (utf-8 field names): numpy reads it only through a private function
+                shape, _, dtype = getattr(npy, "_read_array_header")(f, version)
+        except (ValueError, EOFError) as exc:
+            raise SourceError(f"{path}: its .npy header is damaged ({exc}); was it copied completely?") from None
+        offset = f.tell()
+    if dtype.hasobject:
+        raise SourceError(f"{path}: holds Python objects ({dtype}), which cannot be memory-mapped; "
+                          "save plain numeric arrays")
+    need = offset + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if size < need:
+        raise SourceError(f"{path}: the file is shorter than its header says: {size:,} bytes, but its "
+                          f"{'x'.join(map(str, shape)) or 'scalar'} {dtype} array needs {need:,}: "
+                          "was it copied completely?")
 
 
 def _natural(name: str) -> list[int | str]:
@@ -142,11 +175,14 @@ class CsvSource:
             first = f.readline()
             self.header = not _numeric(first)
             rows = 0 if self.header or not first.strip() else 1
-            rows += sum(1 for line in f if line.strip())
-        if self.header:
-            width = len(first.split(","))
-        else:
-            width = len(first.split(",")) if first.strip() else 0
+            width = len(first.split(",")) if self.header or first.strip() else 0
+            for number, line in enumerate(f, start=2):
+                if line.strip():
+                    rows += 1
+                    if line.count(",") + 1 != width:
+                        raise SourceError(
+                            f"{self.path}: line {number} has {line.count(',') + 1} comma-separated values "
+                            f"but line 1 has {width}: every row needs the same number of columns")
         self.shape = (rows, width)
 
     def _rewind(self) -> IO[str]:

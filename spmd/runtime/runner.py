@@ -15,6 +15,7 @@ import sys
 from spmd.failfast.abort import abort_job, report_failure
 from spmd.failfast.abort import who as _who
 from spmd.runtime.output import whole_lines
+from spmd.runtime.usage import UsageExit, say_once, speaks
 from spmd.config.settings import parse_preempt_signal
 
 __all__ = ["run_script", "abort", "report_failure"]
@@ -42,17 +43,23 @@ def run_script(argv):
     from spmd.runtime.start import finalize
 
     if not argv or argv[0] in ("-h", "--help"):
-        print(USAGE, file=sys.stderr if not argv else sys.stdout)
-        sys.exit(2 if not argv else 0)
+        if not argv:
+            say_once(USAGE)
+        if speaks():
+            print(USAGE)
+        sys.exit(0)
     if argv[0] == "-m":
         if len(argv) < 2:
-            sys.exit(USAGE)
+            say_once(f"python -m spmd: -m needs a module name\n{USAGE}")
         module, sys.argv = argv[1], argv[1:]
         target = lambda: runpy.run_module(module, run_name="__main__", alter_sys=True)
     else:
         path, sys.argv = argv[0], list(argv)
-        if not os.path.exists(path):
-            sys.exit(f"python -m spmd: cannot open {path!r}: no such file")
+        if path.startswith("-"):
+            say_once(f"python -m spmd: no option {path!r} (spmd's options go to spmd run or to "
+                     f"SPMD_* variables)\n{USAGE}")
+        if not os.path.exists(path):  # a file system may differ between hosts: said once per host
+            say_once(f"python -m spmd: cannot open {path!r}: no such file", per_host=True)
         sys.path[0] = os.path.dirname(os.path.abspath(path))
         target = lambda: runpy.run_path(path, run_name="__main__")
     signum = parse_preempt_signal(os.environ)
@@ -65,6 +72,8 @@ def run_script(argv):
     try:
         whole_lines(os.environ)  # before the script's first print, not at its first use of comm
         target()
+    except UsageExit as exc:  # said once already, and every rank ends alike: no report, no abort
+        sys.exit(exc.code)
     except SystemExit as exc:
         code = _exit_code(exc)
         if code:

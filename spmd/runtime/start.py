@@ -17,7 +17,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Callable, TypeVar
 
 from spmd.failfast import abort
-from spmd.runtime import backends, mpiworld, output
+from spmd.runtime import backends, hints, mpiworld, output
 from spmd.failfast.abort import abort_job
 from spmd.errors import BackendError, SettingsError
 from spmd.config.placement import detect
@@ -252,6 +252,8 @@ def init(backend: str | None = None, timeout: float | timedelta | None = None, d
             _comm, _guards = _start(settings, os.environ)
             _guards = _register_abort(_comm, _guards)
             _comm._caches.results.configure(settings.keep_results, _comm.local_size)
+            if settings.hints:
+                hints.at_start(_comm.rank, _comm.local_size)
             if _comm.size > 1:
                 _install_excepthook()
                 # Nobody leaves init (and perhaps the job) while a peer still joins.

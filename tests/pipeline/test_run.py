@@ -209,7 +209,8 @@ def test_a_users_pipeline_at_size_3_and_errors_raised_alike_on_every_rank(tmp_pa
     assert result.returncode == 0 and "USER OK 23 3 4" in out, out[-3000:]
     for case, words in enumerate(["fn failed on rank 1 of 3, rows 0 to 10: KeyError: 'boom'",
                                   "same dtype and row shape on every rank",
-                                  "on rank 0: making the output: FileNotFoundError"]):
+                                  "on rank 0: output /nonexistent/dir/out.npy: the directory /nonexistent/dir "
+                                  "does not exist"]):
         lines = sorted(line.split(": ", 1)[1] for line in out.splitlines() if line.startswith(f"CASE {case} "))
         assert len(lines) == 3 and len(set(lines)) == 1 and words in lines[0], (case, lines, out[-3000:])
 

@@ -29,13 +29,26 @@ def test_usage_without_a_script_is_an_error_and_help_is_not(capsys):
     assert got.value.code == 0 and runner.USAGE in capsys.readouterr().out
     with pytest.raises(SystemExit) as got:
         runner.run_script(["-m"])
-    assert got.value.code == runner.USAGE
+    assert got.value.code == 2 and "-m needs a module name" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as got:
+        runner.run_script(["--ranks", "4", "job.py"])
+    assert got.value.code == 2 and "no option '--ranks'" in capsys.readouterr().err
 
 
-def test_a_missing_script_is_named(tmp_path):
+def test_a_missing_script_is_named(tmp_path, capsys):
     with pytest.raises(SystemExit) as got:
         runner.run_script([str(tmp_path / "nope.py"), "x"])
-    assert got.value.code == f"python -m spmd: cannot open {str(tmp_path / 'nope.py')!r}: no such file"
+    err = capsys.readouterr().err
+    assert got.value.code == 2
+    assert err == f"python -m spmd: cannot open {str(tmp_path / 'nope.py')!r}: no such file\n"
+
+
+def test_only_the_speaking_rank_says_a_usage_error(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("PMI_RANK", "1")
+    monkeypatch.setenv("PMI_SIZE", "2")
+    with pytest.raises(SystemExit) as got:
+        runner.run_script([])
+    assert got.value.code == 2 and capsys.readouterr().err == ""
 
 
 def test_the_script_runs_as_main_with_its_arguments_and_its_exit_status(tmp_path):
