@@ -23,7 +23,11 @@ def job(rows, path):
 
 
 def ranked(monkeypatch, env):
-    for key in ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID", "RANK", "WORLD_SIZE"):
+    import os
+
+    for key in [k for k in os.environ if k.startswith(("PMI_", "OMPI_", "SLURM_", "SPMD_", "MPI_LOCAL"))]:
+        monkeypatch.delenv(key, raising=False)
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
         monkeypatch.delenv(key, raising=False)
     for key, value in env.items():
         monkeypatch.setenv(key, value)
@@ -61,6 +65,19 @@ def test_a_usage_error_the_command_raises_is_said_once_and_other_errors_by_each(
         usage.run_command(job, ["--input", "local"])
     assert not isinstance(got.value, usage.UsageExit) and got.value.code == 1
     assert "this host lacks the file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("env", [
+    {"SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_STEP_NUM_TASKS": "2", "SLURM_LOCALID": "1",
+     "SLURM_JOB_ID": "5", "SLURM_STEP_ID": "0"},
+    {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2"},
+    {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1"},
+], ids=["srun", "open-mpi", "torchrun"])
+def test_rank_1_of_every_launcher_keeps_quiet(monkeypatch, capsys, env):
+    ranked(monkeypatch, env)
+    with pytest.raises(usage.UsageExit) as got:
+        usage.run_command(job, ["--bogus"])
+    assert got.value.code == 2 and capsys.readouterr() == ("", "")
 
 
 def test_the_command_runs_and_returns_its_value(monkeypatch, capsys):
