@@ -44,6 +44,7 @@ def test_a_missing_script_is_named(tmp_path, capsys):
 
 
 def test_only_the_speaking_rank_says_a_usage_error(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("spmd.runtime.start.initialized", lambda: False)  # not a world another test started
     monkeypatch.setenv("PMI_RANK", "1")
     monkeypatch.setenv("PMI_SIZE", "2")
     with pytest.raises(SystemExit) as got:

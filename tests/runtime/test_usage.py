@@ -23,7 +23,10 @@ def job(rows, path):
 
 
 def ranked(monkeypatch, env):
+    """This process as the rank env's launcher variables say (and not as a runtime another test started)."""
     import os
+
+    monkeypatch.setattr("spmd.runtime.start.initialized", lambda: False)
 
     for key in [k for k in os.environ if k.startswith(("PMI_", "OMPI_", "SLURM_", "SPMD_", "MPI_LOCAL"))]:
         monkeypatch.delenv(key, raising=False)
