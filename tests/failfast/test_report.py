@@ -374,6 +374,22 @@ def test_a_hang_prints_where_every_rank_is(launcher):
     assert re.search(r"rank [02]: same error as rank [02] \(CollectiveTimeout", out), out[-4000:]  # a timeout seen alike
 
 
+def asleep(pids, seconds=30):
+    """Wait until each pid's main thread has blocked (state S) twice in a row, 50 ms apart: past its READY
+    line, which a rank descheduled on a loaded machine may still be inside when the line arrives."""
+    deadline, calm = time.monotonic() + seconds, 0
+    while calm < 2 and time.monotonic() < deadline:
+        states = []
+        for pid in pids:
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    states.append(f.read().rsplit(")", 1)[1].split()[0])
+            except OSError:
+                states.append("gone")
+        calm = calm + 1 if all(state == "S" for state in states) else 0
+        time.sleep(0.05)
+
+
 @needs_mpirun
 @pytest.mark.launcher
 @pytest.mark.timeout(240)
@@ -384,7 +400,8 @@ def test_sigusr2_prints_where_every_rank_is_and_the_job_goes_on():
         lines.append(line)
         if line.startswith("READY rank "):
             ready[line.split()[2]] = int(line.split()[-1])
-        if len(ready) == 2:  # both past their print, on their way to the sleep (line 31)
+        if len(ready) == 2:  # both printed; once both main threads block, they sleep at line 31
+            asleep(ready.values())
             os.kill(ready["1"], signal.SIGUSR2)
             break
     # The rest from the same file object: communicate() would read the pipe beneath
