@@ -58,7 +58,8 @@ class TierClock:
         self.config, self.tiers = config, tiers
         self.counts: dict[str, int] = {}
         self.first: dict[str, str] = {}  # tier -> nodeid of its first test
-        self.started: dict[str, float] = {}
+        self.started: dict[str, float] = {}  # tier -> when its first test started (monotonic)
+        self.seconds: dict[str, float] = {}  # tier -> its wall time, once the next tier or the end came
         self.done: dict[str, int] = {}
         self.current: str | None = None
         # Only a run of whole tiers is a measure for the next plan: the default test paths, no -k.
@@ -87,7 +88,7 @@ class TierClock:
     def pytest_runtest_logstart(self, nodeid: str, location: tuple) -> None:
         for tier, first in self.first.items():
             if first == nodeid:
-                self._close(time.monotonic())
+                self._close()
                 self.current, self.started[tier] = tier, time.monotonic()
                 reporter = self.config.pluginmanager.get_plugin("terminalreporter")
                 if reporter is not None:
@@ -98,15 +99,15 @@ class TierClock:
         if self.current is not None:
             self.done[self.current] = self.done.get(self.current, 0) + 1
 
-    def _close(self, now: float) -> None:
+    def _close(self) -> None:
         if self.current is not None:
-            self.started[self.current] = now - self.started[self.current]  # now its wall time
+            self.seconds[self.current] = time.monotonic() - self.started[self.current]
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        self._close(time.monotonic())
+        self._close()
         self.current = None
-        whole = {t: {"tests": n, "seconds": round(self.started[t], 1)} for t, n in self.counts.items()
-                 if t in self.started and self.done.get(t) == n}
+        whole = {t: {"tests": n, "seconds": round(self.seconds[t], 1)} for t, n in self.counts.items()
+                 if t in self.seconds and self.done.get(t) == n}
         if whole and self.whole:
             try:
                 TIMES.write_text(json.dumps({**load(), **whole}, indent=1, sort_keys=True) + "\n")
