@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from tests.support import CI, MPIRUN, PLACEMENT, PLACEMENT_NAMES
+from tests.support import CI, MPIRUN, PLACEMENT, PLACEMENT_NAMES, hydra_files
 from tests.tiers import TierClock
 
 # -- tiers: every test is exactly one of these (setup.cfg registers them, docs/testing.md) --
@@ -19,6 +19,19 @@ def pytest_configure(config):
     for name in [k for k in os.environ if k.startswith(PLACEMENT) or k in PLACEMENT_NAMES]:
         del os.environ[name]
     config.pluginmanager.register(TierClock(config, TIERS), "spmd-tiers")  # tier by tier, saying where
+    config.stash[_HYDRA] = set(hydra_files())
+
+
+_HYDRA = pytest.StashKey[set]()
+
+
+def pytest_unconfigure(config):
+    """Remove what mpirun left after this session's jobs that ended in MPI_Abort (its /tmp topology files)."""
+    for path in set(hydra_files()) - config.stash.get(_HYDRA, set()):
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects: a test without a tier fails every run

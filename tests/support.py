@@ -5,6 +5,7 @@ holds only pytest's hooks (the tiers, a clean environment) and the shared fixtur
 """
 
 
+import glob
 import os
 import re
 import shutil
@@ -310,3 +311,19 @@ def ranks_ok(outcome):
         if e is not None:
             raise e
     return results, world
+
+
+def hydra_files():
+    """MPICH's mpiexec topology files of this user's: /tmp/hydra_hwloc_xmlfile_*.
+
+    mpiexec (MPICH 5.0.2) writes one per job for its proxies and removes it at
+    exit, except after MPI_Abort or when killed: then it stays (tests/tools/soak.py, "mpirun files").
+    """
+    found = []
+    for path in glob.glob("/tmp/hydra_hwloc_xmlfile_*"):
+        try:
+            if os.lstat(path).st_uid == os.getuid():
+                found.append(path)
+        except OSError:
+            pass
+    return found

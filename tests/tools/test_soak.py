@@ -41,5 +41,10 @@ def test_a_soak_of_20_jobs_keeps_every_promise_and_leaves_nothing_behind(soaked)
     assert every["jobs"] == str(JOBS) and int(every["in pairs"]) > 0, out
     assert every["unexpected"] == "0", out
     for category in soak.CATEGORIES:
-        assert every[category] == "0" and remaining[category] == "0", (category, out)
+        assert remaining[category] == "0", (category, out)  # what the launcher left is removed too
+        if category not in soak.LAUNCHERS_OWN:
+            assert every[category] == "0", (category, out)
+    # MPICH's mpiexec leaves its topology file after a job that ends in MPI_Abort (a raise): counted
+    aborted = [r for r in jobs if r["kind"] == "raise" and r["launcher/backend"].startswith("mpirun")]
+    assert sum(int(r["mpirun files"]) for r in aborted) >= sum(int(r["jobs"]) for r in aborted) > 0, out
     assert run.returncode == 0, out

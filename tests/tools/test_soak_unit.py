@@ -62,6 +62,7 @@ def test_the_table_counts_by_kind_and_launcher_and_the_remaining_row():
     killed.left["processes"] = ["123: python -m spmd"]
     final = {c: [] for c in soak.CATEGORIES}
     final["ports"] = ["tcp 127.0.0.1:5000 (inode 1)"]
+    final["mpirun files"] = ["/tmp/hydra_hwloc_xmlfile_a", "/tmp/hydra_hwloc_xmlfile_b"]
     text = soak.table([late, ok, killed, ok], final)
     rows = soak.read_table(text)
     assert [(r["kind"], r["launcher/backend"]) for r in rows] == [
@@ -74,18 +75,21 @@ def test_the_table_counts_by_kind_and_launcher_and_the_remaining_row():
         "1", "1", "30.0", "1", "0")
     assert (kill["statuses seen"], kill["processes"]) == ("-9 x1", "1")
     assert (every["jobs"], every["statuses seen"], every["unexpected"]) == ("4", "0 x2, -9 x1, 1 x1", "1")
-    assert [remaining[c] for c in soak.CATEGORIES] == ["0", "1", "0", "0", "0"]
+    assert [remaining[c] for c in soak.CATEGORIES] == ["0", "1", "0", "0", "0", "2"]
     assert soak.statuses([None, 75, 75]) == "75 x2, - x1"
 
 
 def test_the_leftover_diff_and_the_proc_tables(tmp_path):
-    before = {"ports": {"tcp 0.0.0.0:22 (inode 7)": "7"}, "shm": {}, "sockets": {}, "temp files": {"/t/a": "/t/a"}}
+    h1, h2 = "/tmp/hydra_hwloc_xmlfile_1", "/tmp/hydra_hwloc_xmlfile_2"
+    before = {"ports": {"tcp 0.0.0.0:22 (inode 7)": "7"}, "shm": {}, "sockets": {}, "temp files": {"/t/a": "/t/a"},
+              "mpirun files": {h1: h1}}
     after = {"ports": {"tcp 0.0.0.0:22 (inode 7)": "7", "tcp 127.0.0.1:5000 (inode 9)": "9"},
-             "shm": {"/dev/shm/x": "/dev/shm/x"}, "sockets": {}, "temp files": {"/t/a": "/t/a", "/t/b": "/t/b"}}
+             "shm": {"/dev/shm/x": "/dev/shm/x"}, "sockets": {}, "temp files": {"/t/a": "/t/a", "/t/b": "/t/b"},
+             "mpirun files": {h1: h1, h2: h2}}
     new = {"ports": {"tcp 127.0.0.1:5000 (inode 9)": "9"}, "shm": {"/dev/shm/x": "/dev/shm/x"}, "sockets": {},
-           "temp files": {"/t/b": "/t/b"}}
+           "temp files": {"/t/b": "/t/b"}, "mpirun files": {h2: h2}}
     assert soak.diff(before, after) == new
-    assert soak.diff(after, after) == {"ports": {}, "shm": {}, "sockets": {}, "temp files": {}}
+    assert soak.diff(after, after) == {"ports": {}, "shm": {}, "sockets": {}, "temp files": {}, "mpirun files": {}}
     tcp = tmp_path / "tcp"
     tcp.write_text(
         "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
@@ -102,12 +106,12 @@ def test_the_leftover_diff_and_the_proc_tables(tmp_path):
     walked = soak.walk(tmp_path)
     assert walked[str(tmp_path / "d" / "f")] is False and str(tmp_path / "d") in walked
     # Held by no process: a segment no job named is unattributed, one a job named is left over.
-    left, odd = soak.attribute({"ports": {}, "sockets": {}, "temp files": {"/t/b": "/t/b"},
+    left, odd = soak.attribute({"ports": {}, "sockets": {}, "temp files": {"/t/b": "/t/b"}, "mpirun files": {h2: h2},
                                 "shm": {"/dev/shm/soak-test-x": "/dev/shm/soak-test-x",
                                         "/dev/shm/soak-test-y": "/dev/shm/soak-test-y"}},
                                "spmd-soak-none", {"/dev/shm/soak-test-y"})
     assert left["shm"] == ["/dev/shm/soak-test-y"] and odd["shm"] == ["/dev/shm/soak-test-x"]
-    assert left["temp files"] == ["/t/b"]
+    assert left["temp files"] == ["/t/b"] and left["mpirun files"] == [h2]
 
 
 def test_the_segments_a_job_named_even_where_hydra_ran_its_lines_together():
