@@ -272,6 +272,15 @@ class ThreadComm:
         x.copy_(self._exchange(x.clone())[root])
         return Done(x) if async_op else x
 
+    def all_gather(self, x, async_op=False, *, equal=False):
+        from spmd.comms.handle import Done
+
+        self.world.calls[self.rank].append(("all_gather", x.numel(), x.dtype))
+        parts = [p.clone() for p in self._exchange(x.clone())]
+        if equal:
+            assert len({p.shape for p in parts}) == 1, [p.shape for p in parts]
+        return Done(parts) if async_op else parts
+
     def broadcast_object(self, obj, root=0):
         return self._exchange(obj)[root]
 

@@ -9,6 +9,7 @@ describes the whole.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import torch
@@ -16,7 +17,7 @@ import torch
 from spmd.errors import DataParallelError
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable, Sequence
+    from collections.abc import Callable, Hashable, Iterable, Sequence
 
     from spmd.comms.base import Comm
 
@@ -38,25 +39,29 @@ def default_comm(comm: Comm | None) -> Comm:
     return global_comm
 
 
-def plan_buckets(tensors: Sequence[torch.Tensor], bucket_bytes: float) -> list[list[int]]:
-    """Group tensors into buckets of at most bucket_bytes, one dtype per bucket.
+def plan_buckets(tensors: Sequence[torch.Tensor], bucket_bytes: float,
+                 kinds: Sequence[Hashable] | None = None) -> list[list[int]]:
+    """Group tensors into buckets of at most bucket_bytes, one dtype (and kind, if given) per bucket.
 
     Tensors keep their order within each dtype; a tensor larger than
-    bucket_bytes gets a bucket of its own, never split.  Returns lists
-    of indices into tensors, in the order the buckets were opened.
+    bucket_bytes gets a bucket of its own, never split.  kinds: one per
+    tensor (its wire dtype): tensors of different kinds never share a
+    bucket.  Returns lists of indices into tensors, in the order the
+    buckets were opened.
     """
     if not bucket_bytes > 0:
         raise DataParallelError(f"bucket_bytes must be positive, got {bucket_bytes!r}")
     buckets, current, used = [], {}, {}
     for i, t in enumerate(tensors):
+        key = t.dtype if kinds is None else (t.dtype, kinds[i])
         nbytes = t.numel() * t.element_size()
-        b = current.get(t.dtype)
-        if b is None or (used[t.dtype] and used[t.dtype] + nbytes > bucket_bytes):
+        b = current.get(key)
+        if b is None or (used[key] and used[key] + nbytes > bucket_bytes):
             b = []
             buckets.append(b)
-            current[t.dtype], used[t.dtype] = b, 0
+            current[key], used[key] = b, 0
         b.append(i)
-        used[t.dtype] += nbytes
+        used[key] += nbytes
     return buckets
 
 
@@ -134,7 +139,9 @@ class Bucket:
             if g is None:
                 part.zero_()
             elif g.is_sparse:
-                raise DataParallelError("DataParallel supports dense gradients only; got a sparse one")
+                raise DataParallelError(
+                    "DataParallel sends sparse gradients (nn.Embedding(sparse=True)) as rows only: "
+                    "pass sparse_rows=True")
             elif wire:  # divide before casting down, so that the sum stays within range
                 torch.div(g.reshape(-1), divisor, out=part)
             else:
@@ -176,9 +183,16 @@ class Bucket:
                 p.grad.copy_(part)
 
 
-def make_buckets(order: Sequence[torch.nn.Parameter], bucket_mb: float, compress: str | None) -> list[Bucket]:
-    """Group the parameters, taken in order, into buckets of about bucket_mb megabytes."""
-    return [
-        Bucket(i, [order[j] for j in idx], compress)
-        for i, idx in enumerate(plan_buckets(order, bucket_mb * MB))
-    ]
+def make_buckets(order: Sequence[torch.nn.Parameter], bucket_mb: float,
+                 compress: str | None | Mapping[int, str | None]) -> list[Bucket]:
+    """Group the parameters, taken in order, into buckets of about bucket_mb megabytes.
+
+    compress: the wire dtype name of every gradient, or {id(parameter): name}
+    (spmd.train.wires.wire_names); a bucket holds gradients of one wire dtype.
+    """
+    if not isinstance(compress, Mapping):
+        return [Bucket(i, [order[j] for j in idx], compress)
+                for i, idx in enumerate(plan_buckets(order, bucket_mb * MB))]
+    kinds = [compress.get(id(p)) for p in order]
+    return [Bucket(i, [order[j] for j in idx], kinds[idx[0]])
+            for i, idx in enumerate(plan_buckets(order, bucket_mb * MB, kinds))]

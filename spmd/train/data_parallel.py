@@ -24,15 +24,18 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from spmd.errors import DataParallelError
-from spmd.train.buckets import COMPRESS, auto_bucket_mb, broadcast_tensors, default_comm, plan_buckets
+from spmd.train.buckets import auto_bucket_mb, broadcast_tensors, default_comm, plan_buckets
 from spmd.train.checkpoint import atomic_save, load_checkpoint, save_checkpoint
 from spmd.train.overlap import Scheduler
+from spmd.train.rows import RowSender, RowWeight, embedding_weights
+from spmd.train.wires import check_compress, describe, wire_names
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Mapping
 
     from spmd.comms.base import Comm
     from spmd.train.buckets import Bucket
+    from spmd.train.wires import Compress
 
 __all__ = [
     "DataParallel",
@@ -55,34 +58,45 @@ class DataParallel:
         (default: 25; with overlap a quarter of the gradients, 1 to 25,
         unless this node has more ranks than CPUs: see auto_bucket_mb).
     overlap: send each bucket from a gradient hook while backward runs.
-    compress: None, "fp16" or "bf16": the dtype gradients travel in.
+    compress: None, "fp16" or "bf16": the dtype gradients travel in; or a
+        mapping of parameter-name patterns to those, the rest uncompressed
+        (``{"tokens.*": "bf16"}``: spmd.train.wires).
+    sparse_rows: send the gradient of every ``nn.Embedding`` (and
+        ``nn.EmbeddingBag``) as the rows this step touched on each rank,
+        gathered and summed in rank order, instead of the whole matrix
+        (spmd.train.rows; dense for a step where the rows would cost more).
     accum_steps: micro-batches per optimizer step (see ``backward``).
     root: the rank whose parameters every rank starts from, and whose
         backward order the buckets follow with overlap.
     """
 
     def __init__(self, model: torch.nn.Module, comm: Comm | None = None, *, bucket_mb: float | None = None,
-                 overlap: bool = False, compress: str | None = None, accum_steps: int = 1,
-                 root: int = 0) -> None:
+                 overlap: bool = False, compress: Compress = None, accum_steps: int = 1,
+                 root: int = 0, sparse_rows: bool = False) -> None:
         if bucket_mb is not None and (isinstance(bucket_mb, bool) or not isinstance(bucket_mb, (int, float))
                                       or not bucket_mb > 0):
             raise DataParallelError(f"bucket_mb must be a positive number (or None), got {bucket_mb!r}")
-        if compress not in COMPRESS:
-            raise DataParallelError(f"compress must be one of None, 'fp16', 'bf16', got {compress!r}")
         if isinstance(accum_steps, bool) or not isinstance(accum_steps, int) or accum_steps < 1:
             raise DataParallelError(f"accum_steps must be an integer >= 1, got {accum_steps!r}")
         self.module = model
         self.comm = default_comm(comm)
         self.overlap = bool(overlap)
-        self.compress = None if compress == "none" else compress
+        self.compress = check_compress(compress)
+        self.sparse_rows = bool(sparse_rows)
         self.accum_steps = accum_steps
         self.root = root
         self.params = [p for p in model.parameters() if p.requires_grad]
+        wires = wire_names(model, self.compress)
+        tables = embedding_weights(model) if self.sparse_rows else []
+        self._rows = RowSender(self.comm, [RowWeight(n, p, sparse, wires[id(p)]) for n, p, sparse in tables],
+                               self.divisor)
+        as_rows = {id(p) for _, p, _ in tables}
+        bucketed = [p for p in self.params if id(p) not in as_rows]
         if bucket_mb is None:
             crowded = getattr(self.comm, "local_size", 1) > (os.cpu_count() or 1)
-            bucket_mb = auto_bucket_mb(self.params, self.overlap, crowded)
+            bucket_mb = auto_bucket_mb(bucketed, self.overlap, crowded)
         self.bucket_mb = bucket_mb
-        self._scheduler = Scheduler(self.comm, self.params, bucket_mb=bucket_mb, compress=self.compress,
+        self._scheduler = Scheduler(self.comm, bucketed, bucket_mb=bucket_mb, compress=wires,
                                     divisor=self.divisor, root=root)
         self._micro = 0
         self._check_same_model()
@@ -95,11 +109,22 @@ class DataParallel:
         """The buckets, in the order they leave."""
         return self._scheduler.buckets
 
+    @property
+    def row_weights(self) -> list[RowWeight]:
+        """With sparse_rows: the embedding weights sent as rows (each says what its last step sent)."""
+        return self._rows.weights
+
+    @property
+    def wire_bytes_of_rows(self) -> float:
+        """Bytes this rank sent for the row weights in the last step (spmd.train.rows.RowSender.wire_bytes)."""
+        return self._rows.wire_bytes
+
     def __repr__(self) -> str:
+        rows = f", {len(self.row_weights)} sent as rows" if self.sparse_rows else ""
         return (
-            f"<DataParallel {len(self.params)} parameters in {len(self.buckets)} buckets, "
+            f"<DataParallel {len(self.params)} parameters in {len(self.buckets)} buckets{rows}, "
             f"rank {self.comm.rank} of {self.comm.size}, overlap {self.overlap}, "
-            f"compress {self.compress}, accum_steps {self.accum_steps}>"
+            f"compress {describe(self.compress)}, accum_steps {self.accum_steps}>"
         )
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -172,10 +197,11 @@ class DataParallel:
             if self.comm.size == 1:
                 self._average_micro_batches()
                 return
-            if not self.params:
-                return
             scheduler = self._scheduler
             scheduler.send_rest()
+            self._rows.synchronize()  # while the buckets are in flight
+            if not scheduler.params:
+                return
             used, late = self._agree_on_use()
             deltas = [f.lateness() for f in late]  # before write_back overwrites the late gradients
             scheduler.write_back(used)
@@ -193,13 +219,14 @@ class DataParallel:
 
     def _agree_on_use(self) -> tuple[dict[int, bool], list[Any]]:
         """Return which parameters got a gradient on some rank, and the buckets some rank got one late for."""
-        got = [p.grad is not None for p in self.params]
+        got = [p.grad is not None for p in self._scheduler.params]
         got += self._scheduler.late_flags()
         counts = torch.tensor(got, dtype=torch.int32)
         self.comm.all_reduce(counts)
         flags = counts.tolist()
-        used = {id(p): bool(u) for p, u in zip(self.params, flags)}
-        return used, self._scheduler.late(flags[len(self.params):])
+        n = len(self._scheduler.params)
+        used = {id(p): bool(u) for p, u in zip(self._scheduler.params, flags)}
+        return used, self._scheduler.late(flags[n:])
 
     def _reset(self) -> None:
         self._scheduler.reset()

@@ -20,6 +20,8 @@ from spmd.errors import DataParallelError
 from spmd.train.buckets import make_buckets
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from spmd.comms.base import Comm
     from spmd.train.buckets import Bucket, Source
 
@@ -107,7 +109,7 @@ class Scheduler:
     """
 
     def __init__(self, comm: Comm, params: list[torch.nn.Parameter], *, bucket_mb: float,
-                 compress: str | None, divisor: int, root: int) -> None:
+                 compress: str | None | Mapping[int, str | None], divisor: int, root: int) -> None:
         self.comm = comm
         self.params = params
         self.bucket_mb = bucket_mb
