@@ -3,6 +3,7 @@
 \b
     mpirun -n 4 python jobs/train_dp.py
     spmd run -n 2 jobs/train_dp.py --overlap --accum-steps 2
+    spmd run -n 2 jobs/train_dp.py --vocab 30522 --sparse-rows
     python jobs/train_dp.py --steps 50
 
 The guide's distributed BERT case: every rank starts from rank 0's
@@ -15,7 +16,9 @@ fails if they differ.
 
 The task is masked-token prediction on synthetic sequences drawn from
 --seed: each sequence counts from a random start in a random stride,
-modulo the vocabulary, with 4 of 16 tokens masked.
+modulo the vocabulary, with 4 of 16 tokens masked.  --vocab 30522 is
+BERT's vocabulary: the token embedding is then the largest gradient, of
+which a step touches only its batch's tokens (--sparse-rows sends those).
 """
 
 import hashlib
@@ -30,6 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from spmd import comm, run_command
+from spmd.errors import DataParallelError
 from spmd.runtime import preempt
 from spmd.train.data_parallel import (
     DataParallel,
@@ -37,9 +41,10 @@ from spmd.train.data_parallel import (
     load_checkpoint,
     save_checkpoint,
 )
+from spmd.train.wires import describe, parse_compress
 
-VOCAB = 32  # ordinary tokens 0..31
-MASK = VOCAB  # the [MASK] token
+VOCAB = 32  # ordinary tokens 0..VOCAB-1 (the default of --vocab)
+MASK = VOCAB  # the [MASK] token: the vocabulary's size
 SEQ_LEN = 16
 # Masked positions per sequence.  The same in every sequence, so the mean
 # loss of any slice of a batch weighs each sequence alike, and the mean of
@@ -48,11 +53,15 @@ MASKED = 4
 
 
 class TinyBert(nn.Module):
-    """Token and position embeddings, a pre-norm encoder, a masked-token head."""
+    """Token and position embeddings, a pre-norm encoder, a masked-token head.
 
-    def __init__(self, dim=64, layers=2, heads=4, dropout=0.0):
+    vocab: ordinary tokens (the [MASK] token is one more); sparse: the token
+    embedding makes sparse gradients (nn.Embedding(sparse=True)).
+    """
+
+    def __init__(self, dim=64, layers=2, heads=4, dropout=0.0, vocab=VOCAB, sparse=False):
         super().__init__()
-        self.tokens = nn.Embedding(VOCAB + 1, dim)
+        self.tokens = nn.Embedding(vocab + 1, dim, sparse=sparse)
         self.positions = nn.Embedding(SEQ_LEN, dim)
         # No biases inside the encoder: softmax ignores a shift of the scores, so
         # the attention key bias has an exactly zero gradient, and AdamW would
@@ -63,20 +72,24 @@ class TinyBert(nn.Module):
         self.encoder = nn.TransformerEncoder(
             layer, layers, norm=nn.LayerNorm(dim), enable_nested_tensor=False
         )
-        self.mlm = nn.Linear(dim, VOCAB)
+        self.mlm = nn.Linear(dim, vocab)
         # BERT's pooler serves sentence-level heads that masked-token training
         # does not use: like in BERT it is there and never gets a gradient.
         self.pooler = nn.Linear(dim, dim)
 
-    def forward(self, tokens):
-        h = self.tokens(tokens) + self.positions(torch.arange(tokens.shape[1]))
-        return self.mlm(self.encoder(h))
+    def forward(self, tokens, where=None):
+        """Logits of every position, or of the positions where (batch x k) only: the head's cost
+        grows with the vocabulary, and the loss reads the masked positions alone."""
+        h = self.encoder(self.tokens(tokens) + self.positions(torch.arange(tokens.shape[1])))
+        if where is not None:
+            h = h.gather(1, where.unsqueeze(-1).expand(-1, -1, h.shape[-1]))
+        return self.mlm(h)
 
 
-def build_model(seed=0, dim=64, layers=2, heads=4, dropout=0.0):
+def build_model(seed=0, dim=64, layers=2, heads=4, dropout=0.0, vocab=VOCAB, sparse=False):
     """Return the model, initialised from seed."""
     torch.manual_seed(seed)
-    return TinyBert(dim, layers, heads, dropout)
+    return TinyBert(dim, layers, heads, dropout, vocab, sparse)
 
 
 #: Optimizers and their default learning rates.  AdamW trains best; SGD's step
@@ -92,14 +105,14 @@ def make_optimizer(model, name="adamw", lr=None):
     return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
 
 
-def make_batch(seed, step, batch):
-    """Return global batch number step: (inputs, masked positions, targets)."""
+def make_batch(seed, step, batch, vocab=VOCAB):
+    """Return global batch number step: (inputs, masked positions, targets); [MASK] is token vocab."""
     g = torch.Generator().manual_seed(seed * 1_000_003 + step)
-    start = torch.randint(0, VOCAB, (batch, 1), generator=g)
-    stride = torch.randint(1, VOCAB, (batch, 1), generator=g)
-    seq = (start + stride * torch.arange(SEQ_LEN)) % VOCAB
+    start = torch.randint(0, vocab, (batch, 1), generator=g)
+    stride = torch.randint(1, vocab, (batch, 1), generator=g)
+    seq = (start + stride * torch.arange(SEQ_LEN)) % vocab
     where = torch.rand(batch, SEQ_LEN, generator=g).argsort(dim=1)[:, :MASKED]
-    return seq.scatter(1, where, MASK), where, seq.gather(1, where)
+    return seq.scatter(1, where, vocab), where, seq.gather(1, where)
 
 
 def check_batch(global_batch, size, accum_steps):
@@ -113,10 +126,10 @@ def check_batch(global_batch, size, accum_steps):
     return global_batch // parts
 
 
-def rank_batches(seed, step, global_batch, rank, size, accum_steps=1):
+def rank_batches(seed, step, global_batch, rank, size, accum_steps=1, vocab=VOCAB):
     """Return this rank's micro-batches of global batch number step."""
     n = check_batch(global_batch, size, accum_steps)
-    batch = make_batch(seed, step, global_batch)
+    batch = make_batch(seed, step, global_batch, vocab)
     first = rank * n * accum_steps
     return [
         tuple(t[first + i * n : first + (i + 1) * n] for t in batch) for i in range(accum_steps)
@@ -126,9 +139,8 @@ def rank_batches(seed, step, global_batch, rank, size, accum_steps=1):
 def mlm_loss(model, micro):
     """Mean cross-entropy over the masked positions of a micro-batch."""
     inputs, where, targets = micro
-    logits = model(inputs)
-    picked = logits.gather(1, where.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
-    return F.cross_entropy(picked.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+    picked = model(inputs, where)
+    return F.cross_entropy(picked.reshape(-1, picked.shape[-1]), targets.reshape(-1))
 
 
 def checksum(model):
@@ -176,7 +188,7 @@ def requeued(o):
 
 def start(o):
     """Build (or resume) model and optimizer; return them, the wrapper and the first step."""
-    model = build_model(o.seed, o.dim, o.layers, o.heads, o.dropout)
+    model = build_model(o.seed, o.dim, o.layers, o.heads, o.dropout, o.vocab, o.sparse_embedding)
     optimizer = make_optimizer(model, o.optimizer_name, o.lr)
     first = 0
     if not o.resume and requeued(o):
@@ -189,8 +201,11 @@ def start(o):
         optimizer.load_state_dict(state["optimizer"])
         first = state["step"]
     # Broadcasts rank 0's parameters, so every rank starts from the same point.
-    dp = DataParallel(model, bucket_mb=o.bucket_mb, overlap=o.overlap, compress=o.compress,
-                      accum_steps=o.accum_steps)
+    try:
+        dp = DataParallel(model, bucket_mb=o.bucket_mb, overlap=o.overlap, compress=o.compress,
+                          accum_steps=o.accum_steps, sparse_rows=o.sparse_rows)
+    except DataParallelError as exc:  # a --compress pattern that matches no parameter
+        raise click.UsageError(str(exc)) from None
     return model, optimizer, dp, first
 
 
@@ -201,7 +216,7 @@ def train(o, model, optimizer, dp, first):
     for step in range(first, o.steps):
         torch.manual_seed(o.seed * 1_000_003 + step * 1009 + comm.rank)  # dropout only
         losses = []
-        for micro in rank_batches(o.seed, step, o.global_batch, comm.rank, comm.size, o.accum_steps):
+        for micro in rank_batches(o.seed, step, o.global_batch, comm.rank, comm.size, o.accum_steps, o.vocab):
             loss = mlm_loss(model, micro)
             dp.backward(loss)  # averages the gradients after the last micro-batch
             losses.append(loss.item())
@@ -255,6 +270,20 @@ def finish(o, model, first, loss, seconds):
         f"parameters identical on {comm.size} rank{'s' * (comm.size > 1)} (sha256 {sums[0][:16]})")
 
 
+class CompressParam(click.ParamType):
+    """--compress: one dtype for every gradient, or pattern=dtype pairs (spmd.train.wires)."""
+
+    name = "none|fp16|bf16|PATTERN=DTYPE,..."
+
+    def convert(self, value, param, ctx):
+        if not isinstance(value, str):
+            return value
+        try:
+            return parse_compress(value)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
 @click.command(help=__doc__)
 @click.option("--steps", default=200, show_default=True, type=click.IntRange(min=0),
               help="Optimizer steps to reach (counting those of a resumed checkpoint).")
@@ -273,8 +302,15 @@ def finish(o, model, first, loss, seconds):
               help="All-reduce each bucket asynchronously during backward.")
 @click.option("--accum-steps", default=1, show_default=True, type=click.IntRange(min=1),
               help="Micro-batches per step; gradients are averaged once per step.")
-@click.option("--compress", default="none", show_default=True,
-              type=click.Choice(["none", "fp16", "bf16"]), help="Dtype the gradients travel in.")
+@click.option("--compress", default="none", show_default=True, type=CompressParam(),
+              help="Dtype the gradients travel in: none, fp16 or bf16; or per parameter, "
+                   "'tokens.*=bf16,mlm.*=fp16' (the rest uncompressed).")
+@click.option("--vocab", default=VOCAB, show_default=True, type=click.IntRange(min=2),
+              help="Ordinary tokens (BERT's: 30522).")
+@click.option("--sparse-rows/--no-sparse-rows", default=False, show_default=True,
+              help="Send the token embedding's gradient as the rows each rank's batch touched.")
+@click.option("--sparse-embedding/--no-sparse-embedding", default=False, show_default=True,
+              help="nn.Embedding(sparse=True): sparse gradients (needs --sparse-rows and --optimizer sgd).")
 @click.option("--log-every", default=20, show_default=True, type=click.IntRange(min=0),
               help="Log loss and samples/s every N steps (0: at the end only).")
 @click.option("--checkpoint", type=click.Path(dir_okay=False),
@@ -300,6 +336,11 @@ def main(**options):
     o = SimpleNamespace(**options)
     if o.dim % o.heads:
         raise click.UsageError(f"--dim {o.dim} must be a multiple of --heads {o.heads}")
+    if o.sparse_embedding and not (o.sparse_rows or comm.size == 1):
+        raise click.UsageError("--sparse-embedding makes sparse gradients, which DataParallel sends as rows "
+                               "only: add --sparse-rows")
+    if o.sparse_embedding and o.optimizer_name != "sgd":
+        raise click.UsageError("--sparse-embedding needs --optimizer sgd (AdamW takes no sparse gradients)")
     try:
         per_micro = check_batch(o.global_batch, comm.size, o.accum_steps)
     except ValueError as exc:
@@ -312,7 +353,9 @@ def main(**options):
     say(f"train_dp: {comm.size} rank{'s' * (comm.size > 1)} ({comm.backend}), "
         f"{n_params:,} parameters in {len(dp.buckets)} bucket{'s' * (len(dp.buckets) > 1)}; "
         f"global batch {o.global_batch} = {comm.size} x {o.accum_steps} x {per_micro}; "
-        f"overlap {'on' if o.overlap else 'off'}, compress {o.compress}"
+        f"overlap {'on' if o.overlap else 'off'}, compress {describe(o.compress)}"
+        + (f"; vocabulary {o.vocab:,}" if o.vocab != VOCAB else "")
+        + (f"; sparse rows: {', '.join(w.name for w in dp.row_weights)}" if o.sparse_rows else "")
         + (f"; resuming at step {first}" if o.resume else ""))
     began = time.perf_counter()
     loss = train(o, model, optimizer, dp, first)

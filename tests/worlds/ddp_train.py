@@ -40,6 +40,8 @@ def main():
     parser.add_argument("--global-batch", type=int, default=16)
     parser.add_argument("--optimizer", default="sgd")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--vocab", type=int, default=None)
+    parser.add_argument("--sparse-embedding", action="store_true", help="nn.Embedding(sparse=True)")
     parser.add_argument("--spmd-init", action="store_true",
                         help="let spmd.init() start torch.distributed (any launcher)")
     args = parser.parse_args()
@@ -52,12 +54,13 @@ def main():
     else:
         dist.init_process_group("gloo")
     rank, size = dist.get_rank(), dist.get_world_size()
-    model = job.build_model(args.seed)
+    vocab = job.VOCAB if args.vocab is None else args.vocab
+    model = job.build_model(args.seed, vocab=vocab, sparse=args.sparse_embedding)
     # The pooler gets no gradient, as in BERT: DDP must be told to look for it.
     ddp = DistributedDataParallel(model, find_unused_parameters=True)
     optimizer = job.make_optimizer(model, args.optimizer)
     for step in range(args.steps):
-        (micro,) = job.rank_batches(args.seed, step, args.global_batch, rank, size)
+        (micro,) = job.rank_batches(args.seed, step, args.global_batch, rank, size, vocab=vocab)
         job.mlm_loss(ddp, micro).backward()
         optimizer.step()
         optimizer.zero_grad()
