@@ -234,7 +234,8 @@ def report(doc):
     s = summary(doc["rows"])
     gb = doc["model"]["global_batch"]
     first = doc["rows"][0]
-    lines = [f"TinyBert dim {doc['model']['dim']}, {doc['model']['layers']} layers, {first['params']:,} parameters, "
+    vocab = f", vocabulary {doc['model']['vocab']:,}" if doc["model"].get("vocab") else ""
+    lines = [f"TinyBert dim {doc['model']['dim']}, {doc['model']['layers']} layers{vocab}, {first['params']:,} parameters, "
              f"global batch {gb}, AdamW; {doc['warmup']} warm-up + {doc['steps']} timed steps per launch, "
              f"{doc['repeats']} repeats; ms per step: median of the repeats' medians (slowest rank per step)",
              "",
@@ -300,6 +301,7 @@ def main(argv=None):
     p.add_argument("--layers", type=int, default=MODEL["layers"])
     p.add_argument("--heads", type=int, default=MODEL["heads"])
     p.add_argument("--global-batch", type=int, default=MODEL["global_batch"])
+    p.add_argument("--vocab", type=int, default=None, help="vocabulary [default: jobs/train_dp.py's, 32]")
     p.add_argument("--bucket-mb", type=float, default=None,
                    help="DataParallel's bucket_mb [default: DataParallel's: 25, with overlap a quarter of the model]")
     p.add_argument("--loss-steps", type=int, default=200, help="steps of the fp32/bf16 loss runs (0: none)")
@@ -318,7 +320,8 @@ def main(argv=None):
     unknown = sorted(set(cases or ()) - {c[0] for c in CASES})
     if unknown:
         p.error(f"--cases: unknown {unknown}; known: {[c[0] for c in CASES]}")
-    model = {"dim": o.dim, "layers": o.layers, "heads": o.heads, "global_batch": o.global_batch}
+    model = {"dim": o.dim, "layers": o.layers, "heads": o.heads, "global_batch": o.global_batch,
+             **({"vocab": o.vocab} if o.vocab else {})}
     progress = None if o.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
     try:
         doc = bench(ranks, o.repeats, o.steps, o.warmup, o.loss_steps, o.loss_ranks, o.loss_backend, model, cases,

@@ -20,7 +20,8 @@ from pathlib import Path
 JOB = Path(__file__).resolve().parents[2] / "jobs" / "train_dp.py"
 
 DEFAULTS = {"impl": "spmd", "overlap": False, "compress": None, "bucket_mb": None, "dim": 256, "layers": 4,
-            "heads": 4, "global_batch": 64, "seed": 0, "warmup": 5, "steps": 30, "probe": True, "mode": "time"}
+            "heads": 4, "global_batch": 64, "seed": 0, "warmup": 5, "steps": 30, "probe": True, "mode": "time",
+            "vocab": None, "sparse_rows": False, "sparse_embedding": False, "optimizer": "adamw"}
 
 PARTS = ("forward", "backward", "sync", "optimizer", "step", "local_forward", "local_backward")
 
@@ -46,7 +47,10 @@ def _threads(comm, torch):
 
 
 def _wrap(o, model, comm):
-    """Return (the module to call, no_sync context, synchronize or None, describe())."""
+    """Return (the module to call, no_sync context, synchronize or None, describe(), wire()).
+
+    wire(micro): the bytes of gradients this rank sent in the step just averaged, on micro.
+    """
     if o["impl"] == "ddp":
         import torch.distributed as dist
         from torch.nn.parallel import DistributedDataParallel
@@ -55,14 +59,42 @@ def _wrap(o, model, comm):
             dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
         # The pooler never gets a gradient (as in BERT): DDP must be told to look for such.
         ddp = DistributedDataParallel(model, find_unused_parameters=True)
-        return ddp, ddp.no_sync, None, lambda: {"backend": f"torch {dist.get_backend()}", "buckets": None}
+        return (ddp, ddp.no_sync, None, lambda: {"backend": f"torch {dist.get_backend()}", "buckets": None},
+                lambda micro: ddp_wire_bytes(model, comm.size, micro[0].unique().numel()))
     from spmd.train.data_parallel import DataParallel
 
-    dp = DataParallel(model, bucket_mb=o["bucket_mb"], overlap=o["overlap"], compress=o["compress"])
+    dp = DataParallel(model, bucket_mb=o["bucket_mb"], overlap=o["overlap"], compress=o["compress"],
+                      sparse_rows=o["sparse_rows"])
     # Read at the end: with overlap the buckets are rebuilt after the first step.
     return model, dp.no_sync, dp.synchronize, lambda: {
         "backend": comm.backend, "bucket_mb": dp.bucket_mb, "buckets": len(dp.buckets),
-        "bucket_params": [len(b.params) for b in dp.buckets]}
+        "bucket_params": [len(b.params) for b in dp.buckets]}, lambda micro: spmd_wire_bytes(dp, comm.size)
+
+
+def ring(nbytes, size):
+    """Bytes one rank sends in a ring all_reduce of nbytes: 2 (n-1)/n of them."""
+    return 2 * (size - 1) / size * nbytes
+
+
+def spmd_wire_bytes(dp, size):
+    """Bytes of gradients one rank sent in DataParallel's last step: its buckets (ring) and its rows."""
+    buckets = sum(ring((b.wire if b.wire is not None else b.flat).nbytes, size) for b in dp.buckets)
+    return buckets + dp.wire_bytes_of_rows
+
+
+def ddp_wire_bytes(model, size, touched):
+    """Bytes of gradients one rank sends in a DDP step: dense ones in a ring all_reduce; the touched rows
+    of a sparse embedding's (its batch's distinct tokens) go to every other rank, with their indices
+    (gloo's sparse all_reduce gathers them)."""
+    dense, rows = 0, 0
+    sparse = [m.weight for m in model.modules() if getattr(m, "sparse", False) and m.weight.requires_grad]
+    for w in sparse:
+        rows += (size - 1) * touched * (w.shape[1] * w.element_size() + 8)
+    ids = {id(w) for w in sparse}
+    for p in model.parameters():
+        if p.requires_grad and id(p) not in ids:
+            dense += p.nelement() * p.element_size()
+    return ring(dense, size) + rows
 
 
 def run(o):
@@ -74,11 +106,14 @@ def run(o):
     spmd.init()
     job = load_job()
     threads = _threads(comm, torch)
-    model = job.build_model(o["seed"], o["dim"], o["layers"], o["heads"])
-    net, no_sync, synchronize, describe = _wrap(o, model, comm)
-    optimizer = job.make_optimizer(model, "adamw")
+    vocab = o["vocab"] or job.VOCAB
+    model = job.build_model(o["seed"], o["dim"], o["layers"], o["heads"], vocab=vocab, sparse=o["sparse_embedding"])
+    net, no_sync, synchronize, describe, wire = _wrap(o, model, comm)
+    wire_bytes = []
+    optimizer = job.make_optimizer(model, o["optimizer"])
     total = o["warmup"] + o["steps"]
-    batches = [job.rank_batches(o["seed"], s, o["global_batch"], comm.rank, comm.size)[0] for s in range(total)]
+    batches = [job.rank_batches(o["seed"], s, o["global_batch"], comm.rank, comm.size, vocab=vocab)[0]
+               for s in range(total)]
     timed = o["mode"] == "time"
     probe = timed and o["probe"]
     now = time.perf_counter
@@ -109,21 +144,25 @@ def run(o):
             synchronize()
             t3 = now()
         optimizer.step()
-        optimizer.zero_grad()
         t4 = now()
+        if timed:
+            wire_bytes.append(wire(micro))  # (untimed)
+        optimizer.zero_grad()
         losses.append(loss.item())
         if timed:
             for k, v in zip(("forward", "backward", "sync", "optimizer", "step"),
                             (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t4 - t0)):
                 parts[k].append(v)
     wall = now() - began
-    mine = {"parts": parts, "losses": losses, "wall": wall}
+    mine = {"parts": parts, "losses": losses, "wall": wall, "wire_bytes": wire_bytes}
     everyone = comm.gather_object(mine)
     if comm.rank == 0:
         n = comm.size
         record = {
             "ranks": n, "threads": threads, "params": sum(p.numel() for p in model.parameters()),
             **describe(), "wall_s": max(r["wall"] for r in everyone),
+            # per step after the warm-up, the rank that sent most
+            "wire_bytes": [max(r["wire_bytes"][i] for r in everyone) for i in range(len(wire_bytes))],
             "losses": [sum(r["losses"][i] for r in everyone) / n for i in range(total)],
             "parts": {k: [r["parts"][k] for r in everyone] for k in PARTS},  # [rank][step]
             "warmup": o["warmup"], "steps": o["steps"],
@@ -131,7 +170,7 @@ def run(o):
         print("TRAIN_BENCH " + json.dumps(record), flush=True)
     # DDP's reducer holds the process group, and gloo's threads stop only once
     # nothing holds it: drop it before finalize destroys the group.
-    del net, no_sync, synchronize, describe, optimizer, model
+    del net, no_sync, synchronize, describe, wire, optimizer, model
     import gc
 
     gc.collect()

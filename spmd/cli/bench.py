@@ -128,7 +128,10 @@ _POSITIVE = click.FloatRange(min=0, min_open=True)
 @click.option("--train", is_flag=True,
               help="Measure training instead: spmd's DataParallel on gloo and mpi (plain, overlap, bf16) beside "
                    "torch's DistributedDataParallel, separate launches (spmd.bench.train; --pipeline-ranks "
-                   "for the rank counts, default 1,2,4 here; --repeats, default 5).")
+                   "for the rank counts, default 1,2,4 here; --repeats, default 5; --vocab).")
+@click.option("--vocab", type=click.IntRange(min=2),
+              help="--train: the model's vocabulary [default: jobs/train_dp.py's, 32; BERT's is 30522]. The "
+                   "embedding's gradient as rows beside DDP: python -m spmd.bench.rows.")
 @click.option("--pytest", "pytest_bench", is_flag=True,
               help="Measure spmd's pytest plugin instead: --tests tests of --test-ranks ranks under plain pytest "
                    "and mpirun, beside pytest_parallel, one mpirun per test and torch's MultiProcessTestCase "
@@ -312,7 +315,8 @@ def _train(opts):
         raise click.BadParameter(str(exc)) from None
     progress = None if opts["quiet"] else (lambda line: click.echo(line, err=True))
     try:
-        doc = train.bench(ranks, opts["repeats"] or 5, progress=progress)
+        model = {"vocab": opts["vocab"]} if opts["vocab"] else None
+        doc = train.bench(ranks, opts["repeats"] or 5, model=model, progress=progress)
     except (SpmdError, subprocess.TimeoutExpired) as exc:
         raise click.ClickException(str(exc)) from None
     _show(train.report(doc), doc, opts)

@@ -153,12 +153,15 @@ def test_the_separate_benchmarks_are_one_at_a_time_and_train_takes_its_rank_coun
     from spmd.bench import train
 
     seen = {}
-    monkeypatch.setattr(train, "bench", lambda ranks, repeats, progress=None: seen.update(r=ranks, n=repeats) or {})
+    monkeypatch.setattr(train, "bench", lambda ranks, repeats, model=None, progress=None:
+                        seen.update(r=ranks, n=repeats, m=model) or {})
     monkeypatch.setattr(train, "report", lambda doc: "REPORT")
     result = CliRunner().invoke(bench, ["--train", "--quiet"], env=clean_env())
-    assert result.exit_code == 0 and "REPORT" in result.output and seen == {"r": (1, 2, 4), "n": 5}, result.output
-    result = CliRunner().invoke(bench, ["--train", "--pipeline-ranks", "2", "--repeats", "3"], env=clean_env())
-    assert result.exit_code == 0 and seen == {"r": (2,), "n": 3}, result.output
+    assert result.exit_code == 0 and "REPORT" in result.output and seen == {"r": (1, 2, 4), "n": 5, "m": None}, \
+        result.output
+    result = CliRunner().invoke(bench, ["--train", "--pipeline-ranks", "2", "--repeats", "3", "--vocab", "30522"],
+                                env=clean_env())
+    assert result.exit_code == 0 and seen == {"r": (2,), "n": 3, "m": {"vocab": 30522}}, result.output
 
 
 # -- real runs -------------------------------------------------------------------

@@ -1,0 +1,50 @@
+"""spmd.bench.rows: its summary and target arithmetic, and a tiny run of every case (bytes, not times)."""
+
+import pytest
+
+from spmd.bench import rows as rb
+
+
+def _row(case, ranks, step_ms, wire_mb, repeat=0):
+    return {"case": case, "ranks": ranks, "repeat": repeat, "step_ms": step_ms, "wire_mb": wire_mb,
+            "forward": 10.0, "backward": 30.0, "sync": 5.0, "optimizer": 2.0, "local_backward": 25.0,
+            "params": 1000}
+
+
+@pytest.mark.unit
+def test_the_summary_takes_medians_and_the_target_compares_with_the_best_ddp():
+    rows = []
+    for rep, jitter in enumerate((0.0, 4.0, -2.0)):
+        rows += [_row("DataParallel sparse_rows (gloo)", 2, 60.0 + jitter, 10.0, rep),
+                 _row("DDP dense embedding (gloo)", 2, 100.0 + jitter, 40.0, rep),
+                 _row("DDP sparse embedding (gloo)", 2, 80.0 + jitter, 12.0, rep)]
+    s = rb.summary(rows)
+    assert s[("DataParallel sparse_rows (gloo)", 2)]["step_ms"] == 60.0
+    assert s[("DDP sparse embedding (gloo)", 2)]["spread"] == pytest.approx(6 / 80)
+    [(label, met, how)] = rb.targets(s)
+    assert met and "0.75x" in how and "80.0 ms" in how  # against the faster DDP form
+    slow = rb.summary([_row("DataParallel sparse_rows (gloo)", 2, 70.0, 10.0),
+                       _row("DDP sparse embedding (gloo)", 2, 80.0, 12.0)])
+    assert not rb.targets(slow)[0][1]  # 0.88x
+    text = rb.report({"rows": rows, "model": rb.MODEL, "repeats": 3, "steps": 10, "warmup": 3})
+    assert "NOT met" not in text and "DDP dense embedding (gloo)" in text
+
+
+@pytest.mark.launcher
+@pytest.mark.timeout(400)
+def test_a_tiny_run_of_every_case_sends_fewer_bytes_as_rows():
+    backends = ("gloo",)  # (mpi's rows: tests/train/test_rows_jobs.py; each launch here costs seconds)
+    rows = rb.measure(ranks=(2,), backends=backends, repeats=1, steps=2, warmup=1,
+                      model={"vocab": 3000, "dim": 32, "layers": 1, "global_batch": 16})
+    got = {r["case"]: r for r in rows}
+    assert set(got) == {c for c, _, _, _ in rb._cases(backends)}
+    for r in rows:
+        assert r["step_ms"] > 0 and r["wire_mb"] > 0, r
+    for b in backends:
+        dense, sparse = got[f"DataParallel dense ({b})"], got[f"DataParallel sparse_rows ({b})"]
+        half = got[f"DataParallel tokens bf16 ({b})"]
+        # 16 x 16 tokens touch at most 256 of the 3,001 rows: the rows are a fraction of the matrix
+        assert sparse["wire_mb"] < 0.75 * dense["wire_mb"], (sparse["wire_mb"], dense["wire_mb"])
+        assert sparse["wire_mb"] < half["wire_mb"] < dense["wire_mb"]
+    assert got["DDP dense embedding (gloo)"]["wire_mb"] == pytest.approx(got["DataParallel dense (gloo)"]["wire_mb"],
+                                                                         rel=0.01)
