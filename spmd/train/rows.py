@@ -125,20 +125,22 @@ class RowSender:
         all_idx = self.comm.all_gather(idx, equal=True)
         all_vals = self.comm.all_gather(vals, equal=True)
         self.wire_bytes += (self.comm.size - 1) * (idx.nbytes + vals.nbytes)
-        total = torch.zeros(p.shape, dtype=p.dtype)
-        for r, k in enumerate(rows):  # in rank order: the same sums, bit for bit, on every rank
+        # The sums of the rows some rank touched, one per such row (sorted), in rank order: the
+        # same bits on every rank.  Nothing of the size of the matrix is made or read.
+        touched = torch.cat([all_idx[r][:k] for r, k in enumerate(rows)]).unique()
+        sums = torch.zeros((touched.numel(), p.shape[1]), dtype=p.dtype)
+        for r, k in enumerate(rows):
             if k:
-                total.index_add_(0, all_idx[r][:k], all_vals[r][:k].to(p.dtype))
+                sums.index_add_(0, torch.searchsorted(touched, all_idx[r][:k]), all_vals[r][:k].to(p.dtype))
         if w.wire is None:
-            total.div_(self.divisor)
+            sums.div_(self.divisor)
         if w.sparse:
-            touched = torch.cat([all_idx[r][:k] for r, k in enumerate(rows)]).unique()
-            p.grad = torch.sparse_coo_tensor(touched.unsqueeze(0), total.index_select(0, touched), p.shape,
-                                             check_invariants=False, is_coalesced=True)  # unique() sorts
+            p.grad = torch.sparse_coo_tensor(touched.unsqueeze(0), sums, p.shape, check_invariants=False,
+                                             is_coalesced=True)  # unique() sorts
         elif p.grad is None:
-            p.grad = total
-        else:
-            p.grad.copy_(total)
+            p.grad = torch.zeros_like(p).index_copy_(0, touched, sums)
+        else:  # every row not all zero here is one this rank touched: all are overwritten
+            p.grad.index_copy_(0, touched, sums)
 
     def _dense(self, w: RowWeight) -> None:
         """Send the whole matrix (most rows touched somewhere): one all_reduce."""
