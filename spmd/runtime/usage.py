@@ -5,12 +5,14 @@ mistake: printed by each, one typo under ``mpirun -n 4`` was twelve lines.
 :func:`run_command` runs a click command on every rank; click's usage
 errors and ``--help`` are printed by the rank that speaks for the job
 (rank 0; every rank when the launcher's variables cannot tell which rank
-this is), and every rank exits with click's status (2 for a usage error).
-:func:`say_once` does the same for a message of the script's own.
+this is).  The speaking rank exits with click's status (2 for a usage
+error), the others with 0: torchrun and mpirun end the job at the first
+rank that fails, and a quiet rank that failed first had its launcher kill
+the speaking rank before it said why.  The job's status is the speaking
+rank's.  :func:`say_once` does the same for a message of the script's own.
 
 A rank that ends this way raises :class:`UsageExit`, a SystemExit that
-``python -m spmd`` passes on as it is: no failure report, no abort of the
-job, since every rank ends alike.
+``python -m spmd`` passes on as it is: no failure report, no abort.
 """
 
 from __future__ import annotations
@@ -46,10 +48,21 @@ def speaks(per_host: bool = False) -> bool:
 
 
 def say_once(message: str, code: int = 2, per_host: bool = False) -> NoReturn:
-    """Print message on stderr from the speaking rank (see speaks) and end every rank with code."""
-    if speaks(per_host):
+    """Print message on stderr from the speaking rank (see speaks), which ends with code; the others end with 0."""
+    speaking = speaks(per_host)
+    if speaking:
         print(message, file=sys.stderr, flush=True)
-    raise UsageExit(code)
+    raise _ending(code, not speaking)
+
+
+def _ending(code: int, quiet: bool) -> UsageExit:
+    """The exit of a rank that ends with a usage error: code on the speaking rank, 0 on a quiet one.
+
+    A quiet rank that exited with the error's status before the speaking rank
+    had printed it was the job's first failure: torchrun (and mpirun) then
+    ended the speaking rank, and nobody said why.
+    """
+    return UsageExit(0 if quiet else code)
 
 
 @contextlib.contextmanager
@@ -67,8 +80,8 @@ def run_command(command: Any, args: Optional[Sequence[str]] = None, prog_name: O
 
     args default to sys.argv[1:], prog_name to the script's name; extra go
     to click's make_context.  A bad option or argument, and ``--help``,
-    are printed once, by the speaking rank, and every rank exits with
-    click's status (2 for a usage error, 0 after --help).  A
+    are printed once, by the speaking rank, which exits with click's
+    status (2 for a usage error, 0 after --help); the others exit 0.  A
     ``click.UsageError`` the command raises itself (a wrong combination
     of options) is a fact about the command line too: said once, status 2.
     Any other ``click.ClickException`` is shown by each rank that raises
@@ -84,15 +97,15 @@ def run_command(command: Any, args: Optional[Sequence[str]] = None, prog_name: O
         with _silenced(quiet):
             ctx = command.make_context(name, argv, **extra)
     except click.exceptions.Exit as exc:  # --help, --version: printed by the speaking rank
-        raise UsageExit(exc.exit_code) from None
+        raise _ending(exc.exit_code, quiet) from None
     except click.ClickException as exc:
         if not quiet:
             exc.show()
-        raise UsageExit(exc.exit_code) from None
+        raise _ending(exc.exit_code, quiet) from None
     except click.Abort:
         if not quiet:
             click.echo("Aborted!", err=True)
-        raise UsageExit(1) from None
+        raise _ending(1, quiet) from None
     try:
         with ctx:
             return command.invoke(ctx)
@@ -101,7 +114,7 @@ def run_command(command: Any, args: Optional[Sequence[str]] = None, prog_name: O
     except click.UsageError as exc:
         if not quiet:
             exc.show()
-        raise UsageExit(exc.exit_code) from None
+        raise _ending(exc.exit_code, quiet) from None
     except click.ClickException as exc:
         exc.show()
         raise SystemExit(exc.exit_code) from None
