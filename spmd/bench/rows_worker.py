@@ -6,7 +6,7 @@ For each fraction of the rows touched per rank (each rank its own rows),
 times ``RowSender.synchronize`` forced to send rows and forced to send the
 matrix (one all_reduce), alternating, median of the repeats; rank 0 prints
 ``ROWS_BENCH {json}``: per fraction, ms of each and the choice spmd's byte
-rule (``spmd.train.rows.CROSSOVER``) makes.
+rule (``spmd.train.rows.CROSSOVER`` of the backend) makes.
 """
 
 import json
@@ -31,24 +31,24 @@ def run(o):
     weight = rows.RowWeight("tokens.weight", table, False, None)
     sender = rows.RowSender(comm, [weight], comm.size)
     g = torch.Generator().manual_seed(comm.rank)
-    rule = rows.CROSSOVER
+    rule = sender.crossover
     out = []
     for fraction in FRACTIONS:
         k = max(1, int(fraction * o["vocab"]))
         picked = torch.randperm(o["vocab"], generator=g)[:k]
         times = {"rows": [], "dense": []}
-        rows.CROSSOVER = rule
+        sender.crossover = rule
         chosen = sender._goes_dense(weight, k)
         for _ in range(o["repeats"]):
             for way in ("rows", "dense"):
                 table.grad = torch.zeros_like(table)
                 table.grad[picked] = 1.0
-                rows.CROSSOVER = float("inf") if way == "rows" else 0.0
+                sender.crossover = float("inf") if way == "rows" else 0.0
                 comm.barrier()
                 t0 = time.perf_counter()
                 sender.synchronize()
                 times[way].append(time.perf_counter() - t0)
-        rows.CROSSOVER = rule
+        sender.crossover = rule
         slowest = {w: comm.all_gather_object(statistics.median(t)) for w, t in times.items()}
         out.append({"fraction": fraction, "rows": k, "rule": "dense" if chosen else "rows",
                     **{f"{w}_ms": max(v) * 1e3 for w, v in slowest.items()}})
