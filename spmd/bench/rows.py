@@ -24,6 +24,7 @@ import sys
 import time
 
 from spmd.bench.train import digest, launch
+from spmd.bench.train import summary as train_summary
 from spmd.errors import BenchError
 
 __all__ = ["CASES", "MODEL", "measure", "summary", "targets", "losses", "crossover", "report", "main"]
@@ -75,16 +76,10 @@ def measure(ranks=(2, 4), backends=("gloo", "mpi"), repeats=3, steps=10, warmup=
 
 
 def summary(rows):
-    """{(case, ranks): medians over repeats of ms per step, MB sent, the step's parts; its spread}."""
-    out = {}
-    for key in dict.fromkeys((r["case"], r["ranks"]) for r in rows):
-        mine = [r for r in rows if (r["case"], r["ranks"]) == key]
-        meds = [r["step_ms"] for r in mine]
-        med = statistics.median(meds)
-        out[key] = {"step_ms": med, "spread": (max(meds) - min(meds)) / med, "repeats": len(meds),
-                    "wire_mb": statistics.median(r["wire_mb"] for r in mine),
-                    **{k: statistics.median(r[k] for r in mine) for k in ("forward", "backward", "sync",
-                                                                         "optimizer", "local_backward")}}
+    """The training benchmark's summary (medians over repeats, spread, the step's parts), with MB sent."""
+    out = train_summary(rows)
+    for (case, n), s in out.items():
+        s["wire_mb"] = statistics.median(r["wire_mb"] for r in rows if (r["case"], r["ranks"]) == (case, n))
     return out
 
 

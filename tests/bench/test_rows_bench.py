@@ -8,7 +8,7 @@ from spmd.bench import rows as rb
 def _row(case, ranks, step_ms, wire_mb, repeat=0):
     return {"case": case, "ranks": ranks, "repeat": repeat, "step_ms": step_ms, "wire_mb": wire_mb,
             "forward": 10.0, "backward": 30.0, "sync": 5.0, "optimizer": 2.0, "local_backward": 25.0,
-            "params": 1000}
+            "comm": 10.0, "other": 1.0, "loss0": 3.5, "params": 1000}
 
 
 @pytest.mark.unit

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from tests.support import MPIRUN, PY, REPO, WORLDS, clean_env, ranks_ok, run, run_ranks, tool
+from tests.train.jobruns import train_job
 from tests.train.nets import Branchy, data, grads, loss_of
 from spmd.comms.backends.serial import SerialComm
 from spmd.train.data_parallel import DataParallel, gather_metrics
@@ -266,16 +267,9 @@ def trained(tmp_path_factory):
         if name not in done:
             cmd, size, backend, extra = RUNS[name]
             final = out / f"{name}.pt"
-            args = [str(a).format(out=out) for a in COMMON + extra]
-            result = run(cmd + args + ["--save-final", final], 150,
-                         env=clean_env(OMP_NUM_THREADS=1), what=f"train_dp {name}")
-            ranks = "rank" if size == 1 else "ranks"
-            good = (f"({backend})" in result.stdout
-                    and f"parameters identical on {size} {ranks}" in result.stdout)
-            assert result.returncode == 0 and good, (
-                f"{name}: exit {result.returncode}\n{result.stdout[-4000:]}"
-            )
-            done[name] = (result.stdout, final, out)
+            stdout = train_job(name, cmd, size, [str(a).format(out=out) for a in COMMON + extra], final)
+            assert f"({backend})" in stdout, (name, stdout[-4000:])
+            done[name] = (stdout, final, out)
         return done[name]
 
     return train

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from tests.support import MPIRUN, PY, REPO, WORLDS, clean_env, run, tool
+from tests.train.jobruns import train_job
 
 pytestmark = [pytest.mark.launcher, pytest.mark.timeout(400)]
 
@@ -52,12 +53,7 @@ def trained(tmp_path_factory):
             cmd, size, batch, extra = RUNS[name]
             final = out / f"{name}.pt"
             args = [str(a).format(out=out) for a in COMMON + ["--global-batch", batch] + extra]
-            result = run(cmd + args + ["--save-final", final], 150, env=clean_env(OMP_NUM_THREADS=1),
-                         what=f"train_dp {name}")
-            ranks = "rank" if size == 1 else "ranks"
-            assert result.returncode == 0 and f"parameters identical on {size} {ranks}" in result.stdout, (
-                f"{name}: exit {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
-            done[name] = (result.stdout, torch.load(final), out)
+            done[name] = (train_job(name, cmd, size, args, final), torch.load(final), out)
         return done[name]
 
     return train
