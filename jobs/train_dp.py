@@ -16,9 +16,11 @@ fails if they differ.
 
 The task is masked-token prediction on synthetic sequences drawn from
 --seed: each sequence counts from a random start in a random stride,
-modulo the vocabulary, with 4 of 16 tokens masked.  --vocab 30522 is
-BERT's vocabulary: the token embedding is then the largest gradient, of
-which a step touches only its batch's tokens (--sparse-rows sends those).
+modulo the vocabulary, with 4 of 16 tokens masked; or, with --zipf 1, words
+drawn by their frequency as in text (a large vocabulary then learns within
+a hundred steps).  --vocab 30522 is BERT's vocabulary: the token embedding
+is then the largest gradient, of which a step touches only its batch's
+tokens (--sparse-rows sends those).
 """
 
 import hashlib
@@ -105,12 +107,22 @@ def make_optimizer(model, name="adamw", lr=None):
     return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
 
 
-def make_batch(seed, step, batch, vocab=VOCAB):
-    """Return global batch number step: (inputs, masked positions, targets); [MASK] is token vocab."""
+def make_batch(seed, step, batch, vocab=VOCAB, zipf=0.0):
+    """Return global batch number step: (inputs, masked positions, targets); [MASK] is token vocab.
+
+    zipf 0: arithmetic sequences modulo vocab (every token alike; learnable only
+    through the arithmetic).  zipf s > 0: tokens drawn independently with
+    probability proportional to 1 / rank**s, as words in text are (s about 1),
+    so the first hundred steps learn the frequencies, as a real BERT's do.
+    """
     g = torch.Generator().manual_seed(seed * 1_000_003 + step)
-    start = torch.randint(0, vocab, (batch, 1), generator=g)
-    stride = torch.randint(1, vocab, (batch, 1), generator=g)
-    seq = (start + stride * torch.arange(SEQ_LEN)) % vocab
+    if zipf > 0:
+        weights = torch.arange(1, vocab + 1, dtype=torch.float64).pow(-zipf)
+        seq = torch.multinomial(weights, batch * SEQ_LEN, replacement=True, generator=g).view(batch, SEQ_LEN)
+    else:
+        start = torch.randint(0, vocab, (batch, 1), generator=g)
+        stride = torch.randint(1, vocab, (batch, 1), generator=g)
+        seq = (start + stride * torch.arange(SEQ_LEN)) % vocab
     where = torch.rand(batch, SEQ_LEN, generator=g).argsort(dim=1)[:, :MASKED]
     return seq.scatter(1, where, vocab), where, seq.gather(1, where)
 
@@ -126,10 +138,10 @@ def check_batch(global_batch, size, accum_steps):
     return global_batch // parts
 
 
-def rank_batches(seed, step, global_batch, rank, size, accum_steps=1, vocab=VOCAB):
+def rank_batches(seed, step, global_batch, rank, size, accum_steps=1, vocab=VOCAB, zipf=0.0):
     """Return this rank's micro-batches of global batch number step."""
     n = check_batch(global_batch, size, accum_steps)
-    batch = make_batch(seed, step, global_batch, vocab)
+    batch = make_batch(seed, step, global_batch, vocab, zipf)
     first = rank * n * accum_steps
     return [
         tuple(t[first + i * n : first + (i + 1) * n] for t in batch) for i in range(accum_steps)
@@ -216,7 +228,8 @@ def train(o, model, optimizer, dp, first):
     for step in range(first, o.steps):
         torch.manual_seed(o.seed * 1_000_003 + step * 1009 + comm.rank)  # dropout only
         losses = []
-        for micro in rank_batches(o.seed, step, o.global_batch, comm.rank, comm.size, o.accum_steps, o.vocab):
+        for micro in rank_batches(o.seed, step, o.global_batch, comm.rank, comm.size, o.accum_steps, o.vocab,
+                                  o.zipf):
             loss = mlm_loss(model, micro)
             dp.backward(loss)  # averages the gradients after the last micro-batch
             losses.append(loss.item())
@@ -307,6 +320,8 @@ class CompressParam(click.ParamType):
                    "'tokens.*=bf16,mlm.*=fp16' (the rest uncompressed).")
 @click.option("--vocab", default=VOCAB, show_default=True, type=click.IntRange(min=2),
               help="Ordinary tokens (BERT's: 30522).")
+@click.option("--zipf", default=0.0, show_default=True, type=click.FloatRange(min=0),
+              help="Tokens drawn with probability 1/rank**S, as words in text (0: arithmetic sequences).")
 @click.option("--sparse-rows/--no-sparse-rows", default=False, show_default=True,
               help="Send the token embedding's gradient as the rows each rank's batch touched.")
 @click.option("--sparse-embedding/--no-sparse-embedding", default=False, show_default=True,
@@ -355,6 +370,7 @@ def main(**options):
         f"global batch {o.global_batch} = {comm.size} x {o.accum_steps} x {per_micro}; "
         f"overlap {'on' if o.overlap else 'off'}, compress {describe(o.compress)}"
         + (f"; vocabulary {o.vocab:,}" if o.vocab != VOCAB else "")
+        + (f"; words by frequency (zipf {o.zipf:g})" if o.zipf else "")
         + (f"; sparse rows: {', '.join(w.name for w in dp.row_weights)}" if o.sparse_rows else "")
         + (f"; resuming at step {first}" if o.resume else ""))
     began = time.perf_counter()

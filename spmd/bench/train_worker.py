@@ -21,7 +21,8 @@ JOB = Path(__file__).resolve().parents[2] / "jobs" / "train_dp.py"
 
 DEFAULTS = {"impl": "spmd", "overlap": False, "compress": None, "bucket_mb": None, "dim": 256, "layers": 4,
             "heads": 4, "global_batch": 64, "seed": 0, "warmup": 5, "steps": 30, "probe": True, "mode": "time",
-            "vocab": None, "sparse_rows": False, "sparse_embedding": False, "optimizer": "adamw"}
+            "vocab": None, "sparse_rows": False, "sparse_embedding": False, "optimizer": "adamw",
+            "zipf": 0.0}
 
 PARTS = ("forward", "backward", "sync", "optimizer", "step", "local_forward", "local_backward")
 
@@ -112,7 +113,8 @@ def run(o):
     wire_bytes = []
     optimizer = job.make_optimizer(model, o["optimizer"])
     total = o["warmup"] + o["steps"]
-    batches = [job.rank_batches(o["seed"], s, o["global_batch"], comm.rank, comm.size, vocab=vocab)[0]
+    batches = [job.rank_batches(o["seed"], s, o["global_batch"], comm.rank, comm.size, vocab=vocab,
+                                   zipf=o["zipf"])[0]
                for s in range(total)]
     timed = o["mode"] == "time"
     probe = timed and o["probe"]

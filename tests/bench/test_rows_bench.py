@@ -1,14 +1,28 @@
 """spmd.bench.rows: its summary and target arithmetic, and a tiny run of every case (bytes, not times)."""
 
 import pytest
+import torch
 
 from spmd.bench import rows as rb
+from spmd.bench.train_worker import load_job as rb_job
 
 
 def _row(case, ranks, step_ms, wire_mb, repeat=0):
     return {"case": case, "ranks": ranks, "repeat": repeat, "step_ms": step_ms, "wire_mb": wire_mb,
             "forward": 10.0, "backward": 30.0, "sync": 5.0, "optimizer": 2.0, "local_backward": 25.0,
             "comm": 10.0, "other": 1.0, "loss0": 3.5, "params": 1000}
+
+
+@pytest.mark.unit
+def test_words_drawn_by_frequency_favour_the_first_ranks_and_repeat_per_seed():
+    job = rb_job()
+    seq = job.make_batch(0, 3, 64, 30522, zipf=1.0)[0]
+    again = job.make_batch(0, 3, 64, 30522, zipf=1.0)[0]
+    assert torch.equal(seq, again)
+    tokens = seq[seq != 30522]  # not the [MASK]s
+    # P(rank 1) = 1 / H(30522) ~ 0.093; uniform tokens would make it 1 / 30522
+    assert 0.04 < (tokens == 0).float().mean() < 0.16
+    assert job.make_batch(0, 3, 64, 30522)[0].unique().numel() > 600  # the arithmetic sequences: spread out
 
 
 @pytest.mark.unit
@@ -28,6 +42,11 @@ def test_the_summary_takes_medians_and_the_target_compares_with_the_best_ddp():
     assert not rb.targets(slow)[0][1]  # 0.88x
     text = rb.report({"rows": rows, "model": rb.MODEL, "repeats": 3, "steps": 10, "warmup": 3})
     assert "NOT met" not in text and "DDP dense embedding (gloo)" in text
+    losses = {"DataParallel dense": {"first": 10.4, "last10": 8.25}, "DataParallel tokens bf16": {"first": 10.4,
+                                                                                                   "last10": 8.5}}
+    text = rb.report({"rows": rows, "model": rb.MODEL, "repeats": 3, "steps": 10, "warmup": 3, "loss_steps": 200,
+                      "losses": losses})
+    assert "loss after 200 steps" in text and "10.4000 -> 8.5000 (+0.2500)" in text  # beside dense fp32
 
 
 @pytest.mark.launcher
