@@ -173,7 +173,7 @@ def report(doc):
         base = got.get("DataParallel dense", next(iter(got.values())))["last10"]
         lines += ["", f"loss after {doc['loss_steps']} steps, 2 ranks, gloo, words drawn by frequency (zipf "
                   f"{LOSS_ZIPF:g}); mean of the last 10 steps, beside dense fp32:"]
-        lines += [f"  {case:<38} {v['first']:.4f} -> {v['last10']:.4f} ({v['last10'] - base:+.4f})"
+        lines += [f"  {case:<38} {v['first']:.4f} -> {v['last10']:.6f} ({v['last10'] - base:+.1e})"
                   for case, v in got.items()]
     lines += ["", "targets:"] + [f"  {'met    ' if ok else 'NOT met'}  {t}: {how}" for t, ok, how in targets(s)]
     return "\n".join(lines)

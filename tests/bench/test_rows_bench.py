@@ -46,7 +46,7 @@ def test_the_summary_takes_medians_and_the_target_compares_with_the_best_ddp():
                                                                                                    "last10": 8.5}}
     text = rb.report({"rows": rows, "model": rb.MODEL, "repeats": 3, "steps": 10, "warmup": 3, "loss_steps": 200,
                       "losses": losses})
-    assert "loss after 200 steps" in text and "10.4000 -> 8.5000 (+0.2500)" in text  # beside dense fp32
+    assert "loss after 200 steps" in text and "10.4000 -> 8.500000 (+2.5e-01)" in text  # beside dense fp32
 
 
 @pytest.mark.launcher
