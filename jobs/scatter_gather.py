@@ -8,8 +8,8 @@
 
     mpirun -n 4 python jobs/scatter_gather.py --output out.npy --resume --balance speed
 
-The input (a .npy file, a .csv file, a directory of .npy shards, or by
-default a synthetic table made from --seed) is processed in rounds of
+The input (a .npy file, a .csv file, a directory of .npy shards, Parquet,
+HDF5 or Zarr, or by default a synthetic table made from --seed) is processed in rounds of
 --chunk-rows rows. Every rank reads its own rows where it can (a .npy
 file, shards, the synthetic table; rank 0 reads a .csv and scatters it:
 --read), the next round is read while this one is computed, each rank
@@ -41,14 +41,14 @@ from spmd.pipeline.run import READS, WRITES, PipelineError, SyntheticTable, on_r
 DEFAULT_ROWS = 1_000_000
 
 
-def open_input(path, rows, features, seed, output=None):
+def open_input(path, rows, features, seed, output=None, columns=None, dataset=None):
     """Return the source to read: the file or directory at path, else a synthetic table.
     A wrong output path is found first, before any input is read."""
     if output is not None:
         check_output(output)
     if path is None:
         return SyntheticTable(DEFAULT_ROWS if rows is None else rows, features, seed)
-    return open_source(path)
+    return open_source(path, columns=columns, dataset=dataset)
 
 
 def discard(start, block):
@@ -57,7 +57,10 @@ def discard(start, block):
 
 @click.command(help=__doc__)
 @click.option("--input", "input_path", type=click.Path(), metavar="PATH",
-              help="A .npy file, a .csv file or a directory of .npy shards [default: synthetic].")
+              help="A .npy or .csv file, a directory of .npy shards, a .parquet file or directory, "
+                   "FILE.h5:/DATASET or a .zarr store [default: synthetic].")
+@click.option("--columns", metavar="A,B,...", help="Parquet input: the columns to read, in this order [default: all].")
+@click.option("--dataset", metavar="/PATH", help="HDF5 input: the dataset (or FILE.h5:/PATH) [default: the only one].")
 @click.option("--rows", type=click.IntRange(min=0),
               help=f"Rows of the synthetic table [default: {DEFAULT_ROWS}].")
 @click.option("--features", type=click.IntRange(min=1), default=16, show_default=True,
@@ -67,8 +70,8 @@ def discard(start, block):
 @click.option("--task", type=click.Choice(tasks.names()), default="mlp", show_default=True,
               help="The per-record computation: "
                    + "; ".join(f"{t.name}: {t.help.rstrip('.')}" for t in map(tasks.get, tasks.names())) + ".")
-@click.option("--output", type=click.Path(dir_okay=False), metavar="FILE.npy",
-              help="Write the results here (rank 0) [default: keep only the checksum].")
+@click.option("--output", type=click.Path(), metavar="PATH",
+              help="Write the results here: .npy, .parquet, FILE.h5:/DATASET or .zarr [default: keep only the checksum].")
 @click.option("--chunk-rows", type=click.IntRange(min=1), default=131072, show_default=True,
               help="Rows rank 0 reads and scatters per round; bounds its memory.")
 @click.option("--read", type=click.Choice(READS), default="auto", show_default=True,
@@ -87,12 +90,12 @@ def discard(start, block):
 @click.option("--progress/--no-progress", default=None,
               help="Progress bar on stderr [default: when stderr is a terminal].")
 @click.option("--quiet", is_flag=True, help="Print nothing but errors.")
-def main(input_path, rows, features, seed, task, output, chunk_rows, read, write, balance, memory_budget,
-         resume, overlap, verify, progress, quiet):
+def main(input_path, columns, dataset, rows, features, seed, task, output, chunk_rows, read, write, balance,
+         memory_budget, resume, overlap, verify, progress, quiet):
     if input_path is not None and rows is not None:
         raise click.UsageError("--rows sets the size of the synthetic table; it cannot be used with --input")
     if resume and not output:
-        raise click.UsageError("--resume needs --output FILE.npy: the journal records the rounds written there")
+        raise click.UsageError("--resume needs --output PATH: the journal records the rounds written there")
     if resume:
         preempt.install()  # a preemption signal ends the run at a round's end, journal up to date
     show_progress = not quiet and (sys.stderr.isatty() if progress is None else progress)
@@ -100,7 +103,8 @@ def main(input_path, rows, features, seed, task, output, chunk_rows, read, write
         import torch  # noqa: F401 - the tasks run on it: its import is start-up, not work
         startup = comm.gather_object(process_age(), root=0)  # python, imports, spmd.init on each rank
         started = time.perf_counter()
-        source = on_root(lambda: open_input(input_path, rows, features, seed, output))
+        picked = [c.strip() for c in columns.split(",") if c.strip()] if columns else None
+        source = on_root(lambda: open_input(input_path, rows, features, seed, output, picked, dataset))
         fn = tasks.build(task, source, seed=seed)
         prepared = time.perf_counter() - started
         result = pipeline(fn, source, output=output or discard, chunk_rows=chunk_rows, verify=verify,

@@ -26,6 +26,7 @@ __all__ = [
     "PipelinePreempted",
     "SourceError",
     "SourceTypeError",
+    "MissingExtraError",
     "TaskError",
     "DataParallelError",
     "CheckpointError",
@@ -109,6 +110,10 @@ class SourceError(SpmdError, ValueError):
 
 class SourceTypeError(SourceError, TypeError):
     """An object was given as a pipeline's input that is neither an array, a path nor a source."""
+
+
+class MissingExtraError(SpmdError, ImportError):
+    """A file format or tool was asked for whose optional package is not installed; names the extra."""
 
 
 class TaskError(SpmdError, ValueError):

@@ -53,6 +53,9 @@ def report(plan, options, rank, root):
             if here != (plan.shape, plan.dtype):
                 raise PipelineValueError(f"it holds {here[1]} rows of shape {here[0]} here, but "
                                          f"{plan.dtype} rows of shape {plan.shape} on root")
+            if plan.identity is not None and str(src.identity()) != plan.identity:
+                raise PipelineValueError(f"its files differ from root's: {src.identity()} here, "
+                                         f"{plan.identity} on root")
         except Exception as exc:
             src = None
             read = f"{host}: {describe(exc)}"

@@ -36,6 +36,7 @@ class Plan:
     rounds_before: int = 0  # rounds a journal says are done
     layout: Optional[tuple] = None  # a resumed output's (dtype, row shape), else None until the first round
     journal: Optional[str] = None  # where the journal is (positional outputs), for the preemption message
+    identity: Optional[str] = None  # the shared source's own identity (a format's metadata), checked on every rank
 
     @property
     def row_shape(self) -> tuple:

@@ -236,7 +236,7 @@ class Ranks:
         if books:
             try:
                 made = books.start_output(dtype, row_shape, start, self.crc.name, self.plan.rows)
-                msg = ("ok",) + made if parallel else ("root",)
+                msg = ("ok",) + made if parallel and made else ("root", getattr(books.sink, "why_root", None))
             except Exception as exc:
                 msg = ("error", describe(exc))
         msg = comm.broadcast_object(msg, self.root)
@@ -244,6 +244,7 @@ class Ranks:
             raise PipelineError(f"pipeline: on rank {self.root}: making the output: {msg[1]}")
         self.layout = (np.dtype(dtype), tuple(row_shape))
         if msg[0] == "root":
+            self.notes += root_writes(msg[1], write, self.size)
             self.write_mode = "root"
             return
         self.rows_writer, error = (books.sink.writer, None) if books else open_rows(*msg[1:], start, self.root)
@@ -341,6 +342,13 @@ def open_rows(where, header_bytes, row_bytes, nonce, start, root):
     except Exception as exc:
         return writer, f"{socket.gethostname()}: {describe(exc)}"
     return writer, None
+
+
+def root_writes(why, write, size):
+    """The note for an output only root can write (why: the format's reason, or None); refuse write='parallel'."""
+    if why and write == "parallel":
+        raise PipelineError(f"pipeline: write='parallel' is impossible: {why}; pass write='auto'")
+    return [f"root writes: {why}"] if why and size > 1 else []
 
 
 def raise_pending(message, root):

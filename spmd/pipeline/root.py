@@ -23,7 +23,8 @@ from spmd.pipeline.journal import Journal, differences
 from spmd.pipeline.progress import Bar
 from spmd.pipeline.plan import Plan
 from spmd.pipeline.rounds import Writer, as_numpy, describe
-from spmd.pipeline.sinks import Collect, NpyFile, open_sink, partial_path
+from spmd.pipeline.outputs import open_sink
+from spmd.pipeline.sinks import Collect, NpyFile, partial_path
 from spmd.pipeline.sources import fingerprint, open_source
 
 __all__ = ["Root", "task_name", "differing_rows"]
@@ -71,10 +72,12 @@ class Root:
             chunk = int(chunk_rows) if chunk_rows else max(rows, 1)
             if chunk < 1:
                 raise PipelineValueError(f"chunk_rows must be at least 1, got {chunk_rows}")
-            self.sink = open_sink(output, rows, resume=resume)
+            names = getattr(src, "columns", None)  # a Parquet input's: kept by a Parquet output
+            names = names if isinstance(names, list) and all(isinstance(n, str) for n in names) else None
+            self.sink = open_sink(output, rows, resume=resume, columns=names)
             if resume and not self.sink.positional:
-                raise PipelineValueError("resume=True needs output to be a .npy path: the journal records "
-                                         "rounds written there")
+                raise PipelineValueError("resume=True needs output to be a file path (.npy, .parquet, .h5, "
+                                         ".zarr): the journal records rounds written there")
             self.bar = Bar() if progress is True else progress or None
             plan = Plan(
                 rows=rows, chunk=chunk, positional=self.sink.positional, resume=bool(resume),
@@ -85,7 +88,8 @@ class Root:
             )
             if read != "root" and getattr(src, "every_rank", False):
                 try:
-                    plan = replace(plan, shared=pickle.dumps(src))
+                    own = getattr(src, "identity", None)
+                    plan = replace(plan, shared=pickle.dumps(src), identity=str(own()) if callable(own) else None)
                 except Exception as exc:  # a local class, an open handle: root reads it
                     plan = replace(plan, why_root=f"the source does not pickle ({describe(exc)})")
             if self.sink.positional:
@@ -163,6 +167,8 @@ class Root:
             raise PipelineJournalError(
                 f"fn returns {np.dtype(dtype)} rows of shape {tuple(row_shape)} but the journal's output "
                 f"holds {self.sink.dtype} rows of shape {self.sink.row_shape}: not the run that made it")
+        if not getattr(self.sink, "parallel", True):  # root alone writes this format
+            return None
         nonce = np.frombuffer(np.random.bytes(8), np.uint8)
         room = (rows - start) * self.sink.row_bytes
         if room >= nonce.size:  # where a rank that sees this file finds these bytes
@@ -201,7 +207,8 @@ class Root:
         received against what was sent). A failure is kept (:meth:`fail`).
         """
         if self.writer is None:  # a user's callable output runs in the main thread
-            self.writer = Writer(self.write, self.overlap and isinstance(self.sink, (NpyFile, Collect)))
+            threaded = isinstance(self.sink, (NpyFile, Collect)) or getattr(self.sink, "threaded", False)
+            self.writer = Writer(self.write, self.overlap and threaded)
         if self.pending is not None:
             return
         a, b = span.start, span.stop

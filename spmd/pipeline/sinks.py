@@ -1,4 +1,4 @@
-"""Where a pipeline's results go: an array in memory, a .npy file, or a callable.
+"""Where a pipeline's results go: an array in memory, a .npy file, or a callable (chosen by .outputs).
 
 A .npy output (:class:`NpyFile`) is made whole-sized, with its header, as
 soon as the first round tells the output's dtype and row shape, and rows
@@ -14,10 +14,11 @@ from pathlib import Path
 
 import numpy as np
 
+from spmd.pipeline.formats.names import has_metadata, split_dataset
 from spmd.util.atomic import AtomicFile, fsync_dir
 from spmd.errors import PipelineError, PipelineTypeError, PipelineValueError
 
-__all__ = ["open_sink", "check_output", "Collect", "NpyFile", "RowWriter", "Call", "partial_path"]
+__all__ = ["check_output", "Collect", "NpyFile", "RowWriter", "Call", "partial_path"]
 
 
 class Collect:
@@ -218,9 +219,13 @@ class NpyFile:
 def check_output(path):
     """Raise PipelineValueError, naming path, unless a file can be made there: checked before any input
     is read, so a mistyped directory is found at once, not after the first round's compute."""
-    path = Path(path)
+    path = split_dataset(path)[0]  # file.h5:/dataset: the file
     where = path.parent
-    if path.is_dir():
+    if path.suffix == ".zarr" and path.exists():
+        if not (path.is_dir() and has_metadata(path)):
+            raise PipelineValueError(f"output {path}: exists and is not a Zarr store; a .zarr output replaces "
+                                     "only a store: choose another name or remove it")
+    elif path.is_dir():
         raise PipelineValueError(f"output {path}: is a directory; give a file name such as {path / 'out.npy'}")
     if not where.is_dir():
         raise PipelineValueError(f"output {path}: the directory {where} does not exist; create it "
@@ -228,21 +233,3 @@ def check_output(path):
     if not os.access(where, os.W_OK | os.X_OK):
         raise PipelineValueError(f"output {path}: the directory {where} is not writable by this user; "
                                  "choose another output path")
-
-
-def open_sink(output, rows, resume=False):
-    """Return the sink for output: None (collect), a .npy path of rows rows, or a callable(start, block).
-
-    A sink is called with (start_row, block) for every round, in row
-    order, and then close(ok, empty) once: it returns what the Result
-    shows as output, and with ok False leaves nothing half written
-    (a resumable .npy keeps its ``.partial``).
-    """
-    if output is None:
-        return Collect()
-    if isinstance(output, (str, os.PathLike)):
-        return NpyFile(output, rows, resume=resume)
-    if callable(output):
-        return Call(output)
-    raise PipelineTypeError(f"output must be None, a .npy path or a callable(start, block), "
-                            f"got {type(output).__name__}")

@@ -1,4 +1,4 @@
-"""Where a pipeline's root reads rows from: arrays, .npy, .csv, shard folders, synthetic tables.
+"""Where a pipeline's root reads rows from: arrays, .npy, .csv, shard folders, synthetic tables, formats.
 
 A source is any object with ``shape``, ``dtype`` and ``read(start, stop)``
 returning rows ``start:stop`` as a numpy array; :func:`open_source` makes
@@ -21,7 +21,7 @@ import os
 import re
 import zlib
 from pathlib import Path
-from typing import IO, Any, Union
+from typing import IO, Any, Optional, Sequence, Union
 
 import numpy as np
 
@@ -310,29 +310,50 @@ def fingerprint(source: Any) -> str:
         return str(own())
     rows = int(source.shape[0])
     crc = zlib.crc32(repr((tuple(int(n) for n in source.shape), str(np.dtype(source.dtype)))).encode())
+    if callable(getattr(source, "identity", None)):  # a format's own metadata (dataset path, chunking, ...)
+        crc = zlib.crc32(str(source.identity()).encode(), crc)
     picks = sorted({rows - 1 if k == SAMPLES - 1 else k * rows // SAMPLES for k in range(SAMPLES)}) if rows else []
     for i in picks:
         crc = zlib.crc32(np.ascontiguousarray(source.read(i, i + 1)).tobytes(), crc)
     return f"{crc:08x}"
 
 
-def open_source(spec: Any) -> Any:
-    """Return a source for spec: an array, a path (.npy, .csv, directory of .npy) or a source."""
+def open_source(spec: Any, columns: Optional[Sequence[str]] = None, dataset: Optional[str] = None) -> Any:
+    """Return a source for spec: an array, a path or a source.
+
+    Paths: .npy, .csv, a directory of .npy shards; with the ``formats``
+    extra a .parquet file, a directory or list of them (columns= chooses
+    columns), ``file.h5:/dataset`` (or dataset=) and a .zarr store
+    (``store.zarr:/array`` in a group).
+    """
     if hasattr(spec, "read") and hasattr(spec, "shape") and hasattr(spec, "dtype"):
         return spec
     if isinstance(spec, np.ndarray) or is_tensor(spec):
         return ArraySource(spec)
+    from spmd.pipeline.formats import hdf5, names, parquet, zarr_arrays
+
+    if isinstance(spec, (list, tuple)) and spec and all(Path(p).suffix in names.PARQUET for p in spec):
+        return parquet.ParquetSource(spec, columns)
     if isinstance(spec, (str, os.PathLike)):
         path = Path(spec)
+        if names.split_dataset(spec)[1] is not None or path.suffix in names.HDF5:
+            return hdf5.Hdf5Source(spec, dataset)
+        if names.is_zarr(spec):
+            return zarr_arrays.ZarrSource(spec)
         if path.is_dir():
+            if any(path.rglob("*.parquet")) or any(path.rglob("*.pq")):
+                return parquet.ParquetSource(path, columns)
             return ShardSource(path)
         if not path.exists():
             raise FileNotFoundError(f"{path}: no such file or directory")
+        if path.suffix in names.PARQUET:
+            return parquet.ParquetSource(path, columns)
         if path.suffix == ".npy":
             return NpySource(path)
         if path.suffix == ".csv":
             return CsvSource(path)
-        raise SourceError(f"{path}: unknown input format; expected .npy, .csv or a directory of .npy shards")
+        raise SourceError(f"{path}: unknown input format; expected .npy, .csv, a directory of .npy shards, "
+                          ".parquet (a file or a directory), .h5:/dataset or a .zarr store")
     raise SourceTypeError(
         f"cannot read rows from {type(spec).__name__}; pass an array, a path, or an object "
         "with shape, dtype and read(start, stop)"

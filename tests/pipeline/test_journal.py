@@ -66,7 +66,7 @@ def test_resume_continues_after_a_failure_and_refuses_what_does_not_match(tmp_pa
         pipeline(_double, src, output=out, chunk_rows=300, task="double")
     with pytest.raises(PipelineJournalError, match="input: the journal has '<SyntheticTable 2000 x 3, seed 4>"):
         pipeline(_double, SyntheticTable(2000, 3, seed=5), output=out, resume=True, task="double")
-    with pytest.raises(PipelineValueError, match="resume=True needs output to be a .npy path"):
+    with pytest.raises(PipelineValueError, match="resume=True needs output to be a file path"):
         pipeline(_double, src, resume=True)
     read = []
 

@@ -1,0 +1,190 @@
+"""One launch of the formats benchmark: one tool's read-map-write of a Parquet file or a Zarr store.
+
+    mpirun -n 2 python -m spmd.bench.formats_worker spmd|mpi4py FORMAT INPUT OUTPUT CHUNK
+    python -m spmd.bench.formats_worker serial|dask|read FORMAT INPUT OUTPUT CHUNK
+
+FORMAT is parquet or zarr.  The map is the main job's mlp task (16 float32
+columns in, 8 out), the same function for every tool; each process uses
+one torch thread.  Root prints one line, ``FORMATS_BENCH {json}``: the
+seconds from the start of the work (after imports and a warm-up call,
+ranks past a barrier) until the output is complete, and a checksum of
+the output's rows.  ``read`` times spmd's Parquet source against
+pyarrow's ``read_table`` of the same rows, alternately.  docs/bench.md.
+"""
+
+import json
+import sys
+import time
+import zlib
+
+import numpy as np
+
+FEATURES, SEED, OUT_WIDTH = 16, 0, 8
+
+_fn = None
+
+
+def compute(block):
+    """The mlp task's fn (weights from the seed alone); module-level, so that a process pool can pickle it."""
+    global _fn
+    if _fn is None:
+        import torch
+
+        from spmd.pipeline import tasks
+
+        torch.set_num_threads(1)
+        _fn = tasks.get("mlp").make(FEATURES, SEED, None)
+    return np.asarray(_fn(np.ascontiguousarray(block, dtype=np.float32)))
+
+
+def _report(fmt, t0, out, **extra):
+    rows = _read_all(fmt, out)
+    line = {"seconds": time.perf_counter() - t0, "rows": int(rows.shape[0]),
+            "crc": f"{zlib.crc32(np.ascontiguousarray(rows, np.float32).tobytes()):08x}", **extra}
+    print("FORMATS_BENCH " + json.dumps(line), flush=True)
+
+
+def _read_all(fmt, path):
+    """Every row of path (after the clock stopped: the checksum that says each tool computed the same)."""
+    if fmt == "parquet":  # a file, or Dask's folder of part.N.parquet files, in N's order
+        from spmd.pipeline.formats.parquet import ParquetSource
+
+        return ParquetSource(path).read(0, ParquetSource(path).shape[0])
+    import zarr
+
+    return np.asarray(zarr.open_array(store=path, mode="r")[:])
+
+
+def _load(fmt, path):
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        table = pq.read_table(path, use_threads=False)
+        return np.column_stack([table.column(c).to_numpy() for c in table.column_names])
+    import zarr
+
+    return np.asarray(zarr.open_array(store=path, mode="r")[:])
+
+
+def _save(fmt, path, rows):
+    if fmt == "parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.table({f"c{j}": rows[:, j] for j in range(rows.shape[1])}), path)
+        return
+    import zarr
+
+    from spmd.pipeline.formats.zarr_arrays import CHUNK_BYTES
+
+    per = max(1, CHUNK_BYTES // (rows.dtype.itemsize * rows.shape[1]))
+    zarr.create_array(store=path, shape=rows.shape, chunks=(per, rows.shape[1]), dtype=rows.dtype)[:] = rows
+
+
+def serial(fmt, src, out, chunk):
+    compute(np.zeros((1, FEATURES), np.float32))
+    t0 = time.perf_counter()
+    rows = _load(fmt, src)
+    _save(fmt, out, np.concatenate([compute(rows[a : a + chunk]) for a in range(0, rows.shape[0], chunk)]))
+    _report(fmt, t0, out)
+
+
+def spmd_run(fmt, src, out, chunk):
+    from spmd import comm
+    from spmd.pipeline.run import pipeline
+
+    compute(np.zeros((1, FEATURES), np.float32))
+    comm.barrier()
+    t0 = time.perf_counter()
+    result = pipeline(compute, src if comm.rank == 0 else None, output=out, chunk_rows=chunk)
+    if comm.rank == 0:
+        _report(fmt, t0, out, read=result.read_mode, write=result.write_mode)
+
+
+def mpi4py_loop(fmt, src, out, chunk):
+    """Root reads the whole input, Scatterv/Gatherv per round, root writes: what a user writes by hand."""
+    from mpi4py import MPI
+
+    from spmd.comms.arrays import split_sizes
+
+    world = MPI.COMM_WORLD
+    rank, size = world.Get_rank(), world.Get_size()
+    compute(np.zeros((1, FEATURES), np.float32))
+    world.Barrier()
+    t0 = time.perf_counter()
+    rows = _load(fmt, src) if rank == 0 else None
+    n = world.bcast(rows.shape[0] if rank == 0 else None, root=0)
+    got = np.empty((n, OUT_WIDTH), np.float32) if rank == 0 else None
+    for a in range(0, n, chunk):
+        b = min(a + chunk, n)
+        counts = np.array(split_sizes(b - a, size))
+        part = np.empty((counts[rank], FEATURES), np.float32)
+        world.Scatterv([np.ascontiguousarray(rows[a:b]), counts * FEATURES, MPI.FLOAT] if rank == 0 else None,
+                       part, root=0)
+        res = np.ascontiguousarray(compute(part), np.float32)
+        world.Gatherv(res, [got[a:b], counts * OUT_WIDTH, MPI.FLOAT] if rank == 0 else None, root=0)
+    if rank == 0:
+        _save(fmt, out, got)
+        _report(fmt, t0, out)
+
+
+def dask_run(fmt, src, out, chunk):
+    """Dask with a pool of 2 threads: read_parquet -> map_partitions -> to_parquet; from_zarr -> map_blocks -> to_zarr."""
+    import dask
+
+    compute(np.zeros((1, FEATURES), np.float32))
+    with dask.config.set(scheduler="threads", num_workers=2):
+        t0 = time.perf_counter()
+        if fmt == "parquet":
+            import dask.dataframe as dd
+            import pandas as pd
+
+            names = [f"c{j}" for j in range(OUT_WIDTH)]
+
+            def part(df):
+                return pd.DataFrame(compute(df.to_numpy(np.float32)), columns=names, index=df.index)
+
+            frame = dd.read_parquet(src)
+            meta = pd.DataFrame({c: np.empty(0, np.float32) for c in names})
+            frame.map_partitions(part, meta=meta).to_parquet(out, write_index=False)
+        else:
+            import dask.array as da
+
+            arr = da.from_zarr(src)
+            arr = arr.rechunk((chunk, FEATURES))
+            arr.map_blocks(compute, chunks=(arr.chunks[0], (OUT_WIDTH,)), dtype=np.float32).to_zarr(out)
+    _report(fmt, t0, out)
+
+
+def read_only(fmt, src, out, chunk, repeats=5):
+    """spmd's Parquet source reading every row into one array, beside pyarrow's read_table (and its 2-D array)."""
+    import pyarrow.parquet as pq
+
+    from spmd.pipeline.formats.parquet import ParquetSource
+
+    times = {"spmd": [], "read_table": [], "read_table_2d": []}
+    for _ in range(repeats):
+        t = time.perf_counter()
+        source = ParquetSource(src)
+        a = source.read(0, source.shape[0])
+        times["spmd"].append(time.perf_counter() - t)
+        t = time.perf_counter()
+        table = pq.read_table(src, use_threads=False)
+        times["read_table"].append(time.perf_counter() - t)
+        b = np.column_stack([table.column(c).to_numpy() for c in table.column_names])
+        times["read_table_2d"].append(time.perf_counter() - t)
+        assert np.array_equal(a, b)
+        del a, b, table
+    print("FORMATS_BENCH " + json.dumps({k: sorted(v)[len(v) // 2] for k, v in times.items()}), flush=True)
+
+
+IMPLS = {"serial": serial, "spmd": spmd_run, "mpi4py": mpi4py_loop, "dask": dask_run, "read": read_only}
+
+
+def main(argv):
+    impl, fmt, src, out, chunk = argv[0], argv[1], argv[2], argv[3], int(argv[4])
+    IMPLS[impl](fmt, src, out, chunk)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,24 @@
+"""Import a format's library, or say which extra installs it."""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+from spmd.errors import MissingExtraError
+
+__all__ = ["need", "PACKAGES"]
+
+#: The PyPI package that provides each module the formats import.
+PACKAGES = {"pyarrow": "pyarrow", "pyarrow.parquet": "pyarrow", "h5py": "h5py", "zarr": "zarr"}
+
+
+def need(module: str, purpose: str) -> ModuleType:
+    """Return the imported module, or raise MissingExtraError naming the extra that installs it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        package = PACKAGES.get(module, module.split(".")[0])
+        raise MissingExtraError(
+            f"{purpose} needs the {package} package, which cannot be imported here ({exc}): "
+            f"pip install 'spmd[formats]' (bin/setup installs it) on every host the job runs on") from None

@@ -1,0 +1,193 @@
+"""Zarr (zarr-python 3; stores of format 3 and 2): an array in a directory store, rows along axis 0.
+
+:class:`ZarrSource` is opened by every rank, which reads its own rows;
+its chunks' first rows are the :attr:`ZarrSource.boundaries` where the
+pipeline prefers to cut shares, so that no chunk is decoded by two
+ranks.  ``store.zarr`` names an array; ``store.zarr:/group/name`` one
+array of a group.  :class:`ZarrStore` is an output root writes.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+from spmd.errors import PipelineError, SourceError
+from spmd.pipeline.formats.extra import need
+from spmd.pipeline.formats.names import has_metadata, is_zarr, split_array
+from spmd.pipeline.sinks import check_output, partial_path
+from spmd.util.atomic import fsync_dir, temporary_name
+
+__all__ = ["ZarrSource", "ZarrStore", "split_array", "is_zarr", "arrays_in", "CHUNK_BYTES"]
+
+
+def arrays_in(group: Any) -> list[str]:
+    """The paths of every array under a group."""
+    zarr = need("zarr", "reading Zarr")
+    return sorted("/" + k for k, v in group.members(max_depth=None) if isinstance(v, zarr.Array))
+
+
+class ZarrSource:
+    """Rows of a Zarr array (any number of dimensions, rows along axis 0)."""
+
+    every_rank = True
+
+    def __init__(self, spec: Any, name: Optional[str] = None) -> None:
+        zarr = need("zarr", "reading Zarr")
+        self.store, self.name = split_array(spec, name)
+        if not Path(self.store).is_dir():
+            raise SourceError(f"{self.store}: no such Zarr store (a directory)")
+        try:
+            found = zarr.open(store=self.store, mode="r", path=self.name or "")
+        except Exception as exc:
+            raise SourceError(f"{self.store}{':/' + self.name if self.name else ''}: not a readable Zarr array "
+                              f"({type(exc).__name__}: {exc})") from None
+        if not isinstance(found, zarr.Array):
+            inside = arrays_in(found)
+            raise SourceError(f"{self.store}{':/' + self.name if self.name else ''} is a group, not an array; "
+                              f"its arrays are {', '.join(inside) or 'none'}: name one, {self.store}:/NAME")
+        self._array = found
+        if found.dtype.kind not in "biuf":
+            raise SourceError(f"{self.store}: holds {found.dtype} values, not numbers; the pipeline reads numeric "
+                              "arrays (integers, floats, booleans)")
+        if found.ndim == 0:
+            raise SourceError(f"{self.store}: a 0-d array; the pipeline needs rows")
+        self.shape, self.dtype = tuple(found.shape), np.dtype(found.dtype)
+        self.chunks = tuple(found.chunks)
+        self.format = found.metadata.zarr_format
+
+    @property
+    def boundaries(self) -> list[int]:
+        """Every chunk's first row after the first: where a share's edge splits no chunk."""
+        return list(range(self.chunks[0], self.shape[0], self.chunks[0]))
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        """Return rows start to stop (exclusive)."""
+        stop = min(stop, self.shape[0])
+        if stop <= start:
+            return np.empty((0,) + self.shape[1:], self.dtype)
+        try:
+            rows = np.asarray(self._array[start:stop])
+        except Exception as exc:
+            raise SourceError(f"{self.store}: rows {start} to {stop} cannot be read ({type(exc).__name__}: "
+                              f"{exc}); is a chunk damaged or missing?") from None
+        return rows
+
+    def identity(self) -> str:
+        """The array's format, shape, dtype, chunks and codecs (its metadata, no rows read)."""
+        meta = self._array.metadata
+        codecs = getattr(meta, "codecs", None) or (getattr(meta, "compressor", None), getattr(meta, "filters", None))
+        return (f"zarr v{self.format} {Path(self.store).name}{':/' + self.name if self.name else ''} {self.shape} "
+                f"{self.dtype} chunks {self.chunks} codecs {codecs}")
+
+    def __reduce__(self) -> tuple[type, tuple[str, Optional[str]]]:
+        return (type(self), (self.store, self.name))
+
+    def __repr__(self) -> str:
+        return f"<ZarrSource {self.store}{':/' + self.name if self.name else ''} {self.shape} {self.dtype}>"
+
+
+#: An output's chunk holds about this many bytes of rows (whole rows; set by the row's size alone, so the
+#: store's chunking, and with it its bytes, are the same at every world size, chunk_rows and balance).
+CHUNK_BYTES = 4 << 20
+
+
+def place_dir(tmp: str, path: Path) -> None:
+    """Put the directory tmp at path, replacing what is there (the old one removed after the rename)."""
+    old = None
+    if path.exists():
+        old = temporary_name(path) + "-old"
+        os.replace(path, old)
+    os.replace(tmp, path)
+    fsync_dir(os.path.dirname(os.path.abspath(path)))
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+class ZarrStore:
+    """A Zarr output (format 3, zarr's default codecs): a new directory store of one array, rows along axis 0.
+
+    Root writes it, round by round in row order (a round's edge may cut a
+    chunk, which zarr then reads and rewrites: one writer is safe).  It
+    is filled in a temporary directory (``<out>.partial`` when resumable)
+    and put in place when complete.
+    """
+
+    positional = True
+    parallel = False
+    why_root = "Zarr outputs are written by root (a chunk cut by two ranks' rows takes one writer)"
+    threaded = True
+
+    def __init__(self, path: Any, rows: int, resume: bool = False) -> None:
+        check_output(path)  # its directory exists and is writable; it is not a directory other than a store
+        self.path, self.rows, self.resume = Path(path), int(rows), resume
+        self.partial = partial_path(self.path) if resume else None
+        self.writer: Any = None
+        self.where: Optional[str] = None
+        self.dtype: Any = None
+        self.row_shape: tuple = ()
+        self.row_bytes = 0
+
+    def _layout(self, dtype: Any, row_shape: tuple) -> tuple:
+        self.dtype, self.row_shape = np.dtype(dtype), tuple(int(n) for n in row_shape)
+        self.row_bytes = self.dtype.itemsize * int(np.prod(self.row_shape, dtype=np.int64))
+        per_chunk = max(1, min(self.rows, CHUNK_BYTES // max(self.row_bytes, 1)))
+        return (per_chunk,) + self.row_shape
+
+    def create(self, dtype: Any, row_shape: tuple) -> str:
+        """Make the store and its array, whole-sized (no chunk written yet)."""
+        zarr = need("zarr", "writing Zarr")
+        chunks = self._layout(dtype, row_shape)
+        self.where = os.fspath(self.partial) if self.resume else temporary_name(self.path)
+        if self.resume and Path(self.where).exists():
+            shutil.rmtree(self.where)
+        self.writer = zarr.create_array(store=self.where, shape=(self.rows,) + self.row_shape, chunks=chunks,
+                                        dtype=self.dtype, fill_value=0, zarr_format=3)
+        return self.where
+
+    def reopen(self, dtype: Any, row_shape: tuple) -> str:
+        """Open a resumed run's ``.partial`` store after checking its array."""
+        zarr = need("zarr", "writing Zarr")
+        chunks = self._layout(dtype, row_shape)
+        try:
+            arr = zarr.open_array(store=os.fspath(self.partial), mode="r+")
+        except Exception as exc:
+            raise PipelineError(f"{self.partial} cannot be opened ({type(exc).__name__}: {exc}); the journal "
+                                f"{self.path}.journal belongs to it: delete both to start over") from None
+        if (tuple(arr.shape), np.dtype(arr.dtype), tuple(arr.chunks)) != ((self.rows,) + self.row_shape,
+                                                                          self.dtype, chunks):
+            raise PipelineError(f"{self.partial} is not the output the journal describes ({arr.dtype} "
+                                f"{arr.shape} in chunks {arr.chunks}); delete it and {self.path}.journal to start over")
+        self.writer, self.where = arr, os.fspath(self.partial)
+        return self.where
+
+    def read_rows(self, start: int, stop: int) -> np.ndarray:
+        """Return rows start to stop as stored (a resumed run checks them)."""
+        return np.asarray(self.writer[start:stop])
+
+    def __call__(self, start: int, block: np.ndarray) -> None:
+        if self.writer is None:
+            self.create(block.dtype, block.shape[1:])
+        if block.shape[0]:
+            self.writer[start : start + block.shape[0]] = block
+
+    def sync(self) -> None:
+        """zarr has written every chunk of the round to its file when the assignment returns."""
+
+    def close(self, ok: bool, empty: Any) -> Optional[Path]:
+        """Put the store in place (ok) or remove it (a plain run) / keep it (resumable); return the path."""
+        if ok and self.writer is None:
+            self.create(empty.dtype, empty.shape[1:])
+        if self.where is None:
+            return None
+        if not ok:
+            if not self.resume:
+                shutil.rmtree(self.where, ignore_errors=True)
+            return None
+        place_dir(self.where, self.path)
+        self.where = None
+        return self.path

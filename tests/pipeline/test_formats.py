@@ -1,0 +1,235 @@
+"""spmd.pipeline.formats: Parquet, HDF5 and Zarr sources and outputs, in a world of one and of three threads."""
+
+import pickle
+import sys
+
+import numpy as np
+import pytest
+
+from spmd.errors import MissingExtraError, PipelineError, PipelineValueError, SourceError
+from spmd.pipeline.run import SyntheticTable, pipeline
+from spmd.pipeline.sources import fingerprint, open_source
+
+from tests.pipeline.test_ranks import at_three
+
+pa = pytest.importorskip("pyarrow", reason="the formats extra: pip install 'spmd[formats]'")
+pq = pytest.importorskip("pyarrow.parquet")
+h5py = pytest.importorskip("h5py")
+zarr = pytest.importorskip("zarr")
+
+pytestmark = pytest.mark.timeout(120)
+
+TABLE = SyntheticTable(5000, 6, seed=3).read(0, 5000)
+
+
+def _parquet(path, rows, group_rows, names=None, **extra):
+    names = names or [f"f{j}" for j in range(rows.shape[1])]
+    cols = {n: rows[:, j] for j, n in enumerate(names)}
+    pq.write_table(pa.table({**cols, **extra}), path, row_group_size=group_rows)
+    return path
+
+
+def _mlp(block):
+    return np.tanh(block @ np.linspace(-1, 1, block.shape[1] * 4, dtype=np.float32).reshape(block.shape[1], 4))
+
+
+@pytest.mark.unit
+def test_a_parquet_dataset_of_files_reads_any_rows_across_row_groups(tmp_path):
+    d = tmp_path / "ds"
+    d.mkdir()
+    for i, (a, b) in enumerate([(0, 1200), (1200, 3100), (3100, 5000)]):
+        _parquet(d / f"part{i}.parquet", TABLE[a:b], 500)
+    src = open_source(d)
+    assert src.shape == (5000, 6) and src.dtype == np.float32 and src.every_rank
+    for a, b in [(0, 5000), (450, 1800), (1199, 1201), (4999, 5000), (10, 10)]:
+        assert np.array_equal(src.read(a, b), TABLE[a:b]), (a, b)
+    assert 500 in src.boundaries and 1200 in src.boundaries  # row groups' first rows
+    again = pickle.loads(pickle.dumps(src))
+    assert np.array_equal(again.read(3000, 3200), TABLE[3000:3200])
+    assert fingerprint(again) == fingerprint(src)
+    picked = open_source(d, columns=["f4", "f1"])
+    assert np.array_equal(picked.read(0, 100), TABLE[:100][:, [4, 1]])
+
+
+@pytest.mark.unit
+def test_parquet_columns_of_different_types_become_their_common_type_and_say_so(tmp_path):
+    p = _parquet(tmp_path / "t.parquet", TABLE[:100, :2], 64, count=np.arange(100, dtype=np.int64))
+    src = open_source(p)
+    assert src.dtype == np.float64
+    assert "read as float64" in src.notes[0] and "count int64" in src.notes[0]
+    assert np.array_equal(src.read(0, 100)[:, 2], np.arange(100))
+
+
+@pytest.mark.unit
+def test_bad_parquet_inputs_are_named_with_the_fix(tmp_path):
+    p = _parquet(tmp_path / "s.parquet", TABLE[:10, :2], 5, label=np.array(list("abcdefghij")))
+    with pytest.raises(SourceError, match=r"column label \(string\) is not numeric; .*--columns f0,f1"):
+        open_source(p)
+    with pytest.raises(SourceError, match=r"no column 'zz'; its columns are f0, f1, label"):
+        open_source(p, columns=["zz"])
+    d = tmp_path / "mixed"
+    d.mkdir()
+    _parquet(d / "a.parquet", TABLE[:10, :2], 5)
+    _parquet(d / "b.parquet", TABLE[:10, :2].astype(np.float64), 5)
+    with pytest.raises(SourceError, match="different schemas .*f0, f1"):
+        open_source(d)
+    whole = _parquet(tmp_path / "w.parquet", TABLE, 1000).read_bytes()
+    (tmp_path / "cut.parquet").write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(SourceError, match="cut.parquet: not a readable Parquet file.*copied completely"):
+        open_source(tmp_path / "cut.parquet")
+    nulls = tmp_path / "n.parquet"
+    pq.write_table(pa.table({"x": pa.array([1.0, None, 3.0])}), nulls)
+    with pytest.raises(SourceError, match="column 'x' holds 1 nulls"):
+        open_source(nulls).read(0, 3)
+
+
+@pytest.mark.unit
+def test_an_hdf5_dataset_is_named_by_its_path_and_a_missing_one_lists_the_present(tmp_path):
+    p = tmp_path / "sim.h5"
+    with h5py.File(p, "w") as f:
+        f["runs/a"] = TABLE
+        f.create_dataset("runs/cube", data=np.arange(5000 * 12, dtype=np.int32).reshape(5000, 3, 4), chunks=(700, 3, 4))
+        f["note"] = "text"
+    src = open_source(f"{p}:/runs/a")
+    assert (src.shape, src.dtype, src.chunks) == ((5000, 6), np.float32, None)
+    assert np.array_equal(src.read(123, 4567), TABLE[123:4567])
+    cube = open_source(p, dataset="runs/cube")
+    assert cube.shape == (5000, 3, 4) and cube.boundaries[:2] == [700, 1400]
+    assert np.array_equal(pickle.loads(pickle.dumps(cube)).read(690, 710), np.arange(5000 * 12).reshape(5000, 3, 4)[690:710])
+    with pytest.raises(SourceError, match=r"/runs/b is nothing, not a dataset; its datasets are /note, /runs/a, /runs/cube"):
+        open_source(f"{p}:/runs/b")
+    with pytest.raises(SourceError, match="holds 3 datasets .*name one"):
+        open_source(p)
+    with pytest.raises(SourceError, match="not numbers"):
+        open_source(f"{p}:/note")
+    (tmp_path / "cut.h5").write_bytes(p.read_bytes()[:2000])
+    with pytest.raises(SourceError, match="cut.h5: not a readable HDF5 file"):
+        open_source(f"{tmp_path / 'cut.h5'}:/runs/a")
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("fmt", [2, 3])
+def test_a_zarr_array_of_either_format_reads_by_chunks(tmp_path, fmt):
+    store = tmp_path / "a.zarr"
+    arr = zarr.create_array(store=str(store), shape=TABLE.shape, chunks=(900, 6), dtype="float32", zarr_format=fmt)
+    arr[:] = TABLE
+    src = open_source(store)
+    assert (src.shape, src.format, src.boundaries[:2]) == ((5000, 6), fmt, [900, 1800])
+    assert np.array_equal(src.read(850, 2000), TABLE[850:2000])
+    g = zarr.open_group(str(tmp_path / "g.zarr"), mode="w", zarr_format=fmt)
+    g.create_array("inner/x", shape=(10,), dtype="int64")
+    with pytest.raises(SourceError, match=r"is a group, not an array; its arrays are /inner/x"):
+        open_source(tmp_path / "g.zarr")
+    assert open_source(f"{tmp_path / 'g.zarr'}:/inner/x").shape == (10,)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("out", ["o.parquet", "o.h5:/res/y", "o.zarr"])
+def test_an_output_of_each_format_holds_the_serial_rows_whatever_the_chunks(tmp_path, out):
+    expect = _mlp(TABLE)
+    first = pipeline(_mlp, TABLE, output=str(tmp_path / f"a-{out}"))
+    second = pipeline(_mlp, TABLE, output=str(tmp_path / f"b-{out}"), chunk_rows=777)
+    for r in (first, second):
+        assert np.array_equal(open_source(str(r.output) + (":/res/y" if ".h5" in out else "")).read(0, 5000), expect)
+    assert first.checksum == second.checksum
+    name = out.split(":")[0]
+    a, b = tmp_path / f"a-{name}", tmp_path / f"b-{name}"
+    assert _bytes(a) == _bytes(b)  # the same file, whatever the rounds
+    leftovers = sorted(p.name for p in tmp_path.iterdir())
+    assert leftovers == sorted([a.name, b.name]), leftovers
+
+
+def _bytes(path):
+    if path.is_dir():
+        return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+    return path.read_bytes()
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("out", ["o.parquet", "o.h5", "o.zarr"])
+def test_three_ranks_read_and_write_each_format_as_one_does(tmp_path, out):
+    src = tmp_path / "in.parquet"
+    _parquet(src, TABLE, 600)
+    serial = pipeline(_mlp, str(src), output=str(tmp_path / f"one-{out}"), chunk_rows=1500)
+    results, errors, _ = at_three(lambda comm: pipeline(
+        _mlp, str(src) if comm.rank == 0 else None, output=str(tmp_path / f"three-{out}"), chunk_rows=1500,
+        comm=comm, balance="speed"))
+    assert errors == [None] * 3, errors
+    res = results[0]
+    assert res.read_mode == "parallel" and res.checksum == serial.checksum
+    assert _bytes(tmp_path / f"one-{out}") == _bytes(tmp_path / f"three-{out}")
+    if out.endswith(".h5"):
+        assert res.write_mode == "parallel"  # every rank at its offsets
+    else:
+        assert res.write_mode == "root" and any("root writes" in n for n in res.notes)
+    if out.endswith(".parquet"):
+        names = pq.read_schema(tmp_path / f"three-{out}").names
+        assert names == ["c0", "c1", "c2", "c3"]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("out", ["o.parquet", "o.h5", "o.zarr"])
+def test_a_resumed_run_of_each_format_ends_as_an_uninterrupted_one(tmp_path, out):
+    whole = pipeline(_mlp, TABLE, output=str(tmp_path / f"whole-{out}"), chunk_rows=1000)
+    calls = []
+
+    def dies_at_round_3(block):
+        calls.append(block.shape[0])
+        if len(calls) == 3:
+            raise RuntimeError("killed")
+        return _mlp(block)
+
+    target = tmp_path / f"r-{out}"
+    with pytest.raises(PipelineError, match="killed"):
+        pipeline(dies_at_round_3, TABLE, output=str(target), chunk_rows=1000, resume=True, task="mlp")
+    assert not target.exists() and (tmp_path / f"r-{out}.partial").exists()
+    done = pipeline(_mlp, TABLE, output=str(target), chunk_rows=700, resume=True, task="mlp")
+    assert done.checksum == whole.checksum
+    assert _bytes(target) == _bytes(tmp_path / f"whole-{out}")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([target.name, f"whole-{out}"])
+
+
+@pytest.mark.unit
+def test_outputs_the_pipeline_cannot_write_are_refused_before_any_compute(tmp_path):
+    ran = []
+
+    def fn(block):
+        ran.append(1)
+        return block
+
+    with pytest.raises(PipelineValueError, match=r"does not write \.csv files; name a \.npy, \.parquet"):
+        pipeline(fn, TABLE, output=str(tmp_path / "o.csv"))
+    with pytest.raises(PipelineValueError, match="the directory .*nowhere does not exist"):
+        pipeline(fn, TABLE, output=str(tmp_path / "nowhere" / "o.parquet"))
+    (tmp_path / "plain.zarr").mkdir()
+    (tmp_path / "plain.zarr" / "notes.txt").write_text("mine")
+    with pytest.raises(PipelineValueError, match="exists and is not a Zarr store"):
+        pipeline(fn, TABLE, output=str(tmp_path / "plain.zarr"))
+    assert ran == []
+    with pytest.raises(PipelineError, match="a Parquet file holds columns.*shape \\(2, 3\\)"):
+        pipeline(lambda b: b.reshape(-1, 2, 3), TABLE, output=str(tmp_path / "o.parquet"))
+
+
+@pytest.mark.unit
+def test_a_missing_library_names_the_extra(monkeypatch, tmp_path):
+    p = _parquet(tmp_path / "t.parquet", TABLE[:10], 5)
+    monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)  # import fails as if not installed
+    with pytest.raises(MissingExtraError, match=r"reading Parquet needs the pyarrow package.*pip install 'spmd\[formats\]'"):
+        open_source(p)
+
+
+@pytest.mark.unit
+def test_a_rank_whose_files_differ_from_roots_does_not_read_them(tmp_path):
+    from spmd.pipeline import agree
+    from spmd.pipeline.plan import Options, Plan
+
+    p = _parquet(tmp_path / "t.parquet", TABLE, 1000)
+    src = open_source(p)
+    plan = Plan(rows=5000, chunk=1000, shape=(5000, 6), dtype="float32", in_row_bytes=24, positional=False,
+                resume=False, checksum="crc32", forced=False, why_root="", shared=pickle.dumps(src),
+                identity=src.identity())
+    mine, opened = agree.report(plan, Options(), 1, 0)
+    assert mine.read is None and opened is not None
+    _parquet(p, TABLE * 2, 1000)  # the same shape and schema, other rows: other footer statistics
+    mine, opened = agree.report(plan, Options(), 1, 0)
+    assert opened is None and "its files differ from root's" in mine.read
