@@ -233,3 +233,19 @@ def test_a_rank_whose_files_differ_from_roots_does_not_read_them(tmp_path):
     _parquet(p, TABLE * 2, 1000)  # the same shape and schema, other rows: other footer statistics
     mine, opened = agree.report(plan, Options(), 1, 0)
     assert opened is None and "its files differ from root's" in mine.read
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("out", ["o.parquet", "o.h5", "o.zarr"])
+def test_verify_recomputes_every_round_of_each_format(tmp_path, out):
+    src = tmp_path / "in.h5"
+    with h5py.File(src, "w") as f:
+        f["t"] = TABLE
+    results, errors, _ = at_three(lambda comm: pipeline(
+        _mlp, str(src) if comm.rank == 0 else None, output=str(tmp_path / out), chunk_rows=1200, verify=True,
+        comm=comm))
+    assert errors == [None] * 3, errors
+    assert results[0].verified is True and results[0].mismatched_rows == 0
+    assert results[0].write_mode == "root"  # verify: the rows come to root
+    assert np.array_equal(open_source(str(tmp_path / out) + (":/data" if out.endswith(".h5") else "")).read(0, 5000),
+                          _mlp(TABLE))

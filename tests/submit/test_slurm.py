@@ -460,6 +460,28 @@ def test_a_pipeline_killed_halfway_under_srun_resumes_at_another_size(cluster, t
     assert "3 ranks, backend gloo" in log, log  # bin/submit's default backend
 
 
+# The formats on two nodes: a Parquet input every rank reads its own row groups of, an
+# HDF5 output every rank writes its rows into at their byte offsets, the bytes of a serial run.
+
+@pytest.mark.timeout(300)
+def test_a_parquet_input_and_an_hdf5_output_on_two_nodes(cluster, tmp_path):
+    pa = pytest.importorskip("pyarrow", reason="the formats extra: pip install 'spmd[formats]'")
+    pq = pytest.importorskip("pyarrow.parquet")
+    pytest.importorskip("h5py")
+    from spmd.pipeline.sources import SyntheticTable
+
+    rows = SyntheticTable(40_000, 8, seed=2).read(0, 40_000)
+    pq.write_table(pa.table({f"x{j}": rows[:, j] for j in range(8)}), tmp_path / "in.parquet", row_group_size=5000)
+    job = [SCATTER_GATHER, "--input", tmp_path / "in.parquet", "--chunk-rows", 10_000]
+    serial = run([PY, *job, "--output", f"{tmp_path / 'serial.h5'}:/y", "--quiet"], 120)
+    assert serial.returncode == 0, serial.stdout
+    result, _, log = submit(cluster, tmp_path, "-N", "2", "--ntasks-per-node", "1", "-t", "5", *job,
+                            "--output", f"{tmp_path / 'two.h5'}:/y", timeout=240)
+    assert result.returncode == 0, f"{result.stdout}\n--- log:\n{log}"
+    assert "2 ranks" in log and "read parallel, write parallel" in log, log
+    assert (tmp_path / "two.h5").read_bytes() == (tmp_path / "serial.h5").read_bytes()
+
+
 # A user's multi-rank tests under srun: pytest on 4 tasks of 2 nodes, the
 # plugin's waves on sub-communicators, one report (rank 0's), its junit file.
 
