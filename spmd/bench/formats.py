@@ -14,7 +14,6 @@ must have the same checksum, or the run fails.
 """
 
 import argparse
-import json
 import os
 import shutil
 import statistics
@@ -23,7 +22,7 @@ import sys
 import tempfile
 import time
 
-from spmd.bench.startup import _clean_env, find_mpirun
+from spmd.bench.startup import _clean_env, find_mpirun, launch_record
 from spmd.errors import BenchError
 
 __all__ = ["CASES", "prepare", "launch", "measure", "summary", "targets", "report", "main"]
@@ -62,12 +61,7 @@ def launch(impl, fmt, src, out, chunk, ranks, timeout=900):
             raise BenchError("the formats benchmark needs mpirun: pip install mpich")
         worker = [mpirun, "-n", str(ranks)] + worker
     env = _clean_env({"SPMD_BACKEND": "mpi", "OMP_NUM_THREADS": "1"})
-    proc = subprocess.run(worker, env=env, capture_output=True, text=True, timeout=timeout)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("FORMATS_BENCH ")]
-    if proc.returncode != 0 or len(lines) != 1:
-        raise BenchError(f"{' '.join(worker)} failed (exit {proc.returncode}):\n{proc.stdout[-2000:]}\n"
-                         f"{proc.stderr[-3000:]}")
-    return json.loads(lines[0].split(" ", 1)[1])
+    return launch_record(worker, env, "FORMATS_BENCH", timeout)
 
 
 def _remove(path):

@@ -60,7 +60,8 @@ def _read_all(fmt, path):
     if fmt == "parquet":  # a file, or Dask's folder of part.N.parquet files, in N's order
         from spmd.pipeline.formats.parquet import ParquetSource
 
-        return ParquetSource(path).read(0, ParquetSource(path).shape[0])
+        source = ParquetSource(path)
+        return source.read(0, source.shape[0])
     import zarr
 
     return np.asarray(zarr.open_array(store=path, mode="r")[:])

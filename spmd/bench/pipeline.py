@@ -15,7 +15,7 @@ import sys
 import time
 
 from spmd.errors import BenchError
-from spmd.bench.startup import _clean_env, find_mpirun
+from spmd.bench.startup import _clean_env, find_mpirun, launch_record
 from spmd.util.paths import PIPELINE_WORKER
 
 __all__ = ["CASES", "measure", "table", "busy", "busy_table", "memory", "memory_table"]
@@ -55,12 +55,7 @@ def launch(impl, ranks, rows=ROWS, chunk=CHUNK, options=None, env=None, timeout=
         options["workers"] = ranks
     extra = {"MPI4PY_FUTURES_BACKOFF": "0", **(env or {})}
     cmd = _command(impl, ranks, rows, chunk, options)
-    proc = subprocess.run(cmd, env=_clean_env(extra), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, timeout=timeout)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("PIPELINE_BENCH ")]
-    if proc.returncode != 0 or len(lines) != 1:
-        raise BenchError(f"{' '.join(cmd)} failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}")
-    return json.loads(lines[0].split(" ", 1)[1])
+    return launch_record(cmd, _clean_env(extra), "PIPELINE_BENCH", timeout)
 
 
 def _run(out, progress, line, impl, ranks, nrows, chunk, options, env=None, **labels):

@@ -122,7 +122,7 @@ def crossover(ranks=2, backend="gloo", vocab=30522, width=256, repeats=15, launc
     """Time one embedding's gradient sent as rows and whole, at touched fractions (spmd.bench.rows_worker)."""
     import json
 
-    from spmd.bench.startup import _clean_env, find_mpirun
+    from spmd.bench.startup import _clean_env, find_mpirun, launch_record
 
     args = ["-m", "spmd.bench.rows_worker", json.dumps({"vocab": vocab, "width": width, "repeats": repeats})]
     mpirun = find_mpirun()
@@ -132,13 +132,7 @@ def crossover(ranks=2, backend="gloo", vocab=30522, width=256, repeats=15, launc
         raise BenchError("the crossover on mpi needs mpirun: pip install mpich")
     else:
         cmd = [mpirun, "-n", str(ranks), sys.executable, *args]
-    proc = subprocess.run(cmd, env=_clean_env({"SPMD_BACKEND": backend}), capture_output=True, text=True,
-                          timeout=900)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("ROWS_BENCH ")]
-    if proc.returncode != 0 or len(lines) != 1:
-        raise BenchError(f"{' '.join(cmd)} failed (exit {proc.returncode}):\n{proc.stdout[-2000:]}\n"
-                         f"{proc.stderr[-3000:]}")
-    return json.loads(lines[0].split(" ", 1)[1])
+    return launch_record(cmd, _clean_env({"SPMD_BACKEND": backend}), "ROWS_BENCH", 900)
 
 
 def crossover_table(found):

@@ -107,6 +107,25 @@ def _clean_env(extra):
     return env
 
 
+def launch_record(cmd, env, tag, timeout):
+    """Run one benchmark launch; return the JSON record its one ``TAG {json}`` line carries.
+
+    Raises BenchError with the command, its exit status and the tails of
+    its output unless it exits 0 and prints exactly one such line.
+    """
+    import json
+    import subprocess
+
+    from spmd.errors import BenchError
+
+    proc = subprocess.run([str(c) for c in cmd], env=env, capture_output=True, text=True, timeout=timeout)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith(tag + " ")]
+    if proc.returncode != 0 or len(lines) != 1:
+        raise BenchError(f"{' '.join(map(str, cmd))} failed (exit {proc.returncode}):\n{proc.stdout[-2000:]}\n"
+                         f"{proc.stderr[-3000:]}")
+    return json.loads(lines[0].split(" ", 1)[1])
+
+
 def _launch(mpirun, ranks, code, env, timeout):
     with tempfile.TemporaryDirectory(prefix="spmd-bench-") as stamps:
         env = dict(env, SPMD_BENCH_DIR=stamps)

@@ -17,7 +17,7 @@ import sys
 import time
 
 from spmd.errors import BenchError
-from spmd.bench.startup import _clean_env, find_mpirun
+from spmd.bench.startup import _clean_env, find_mpirun, launch_record
 from spmd.util.paths import TRAIN_WORKER
 
 __all__ = ["CASES", "launch", "measure", "losses", "summary", "targets", "report", "bench", "main"]
@@ -58,13 +58,7 @@ def launch(impl, backend, ranks, options=None, launcher="auto", timeout=900):
     if backend == "mpi":
         env["SPMD_TORCH_GROUP"] = "0"  # no idle gloo group beside MPI
     cmd = _command(backend, ranks, options, launcher)
-    proc = subprocess.run(cmd, env=_clean_env(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          text=True, timeout=timeout)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("TRAIN_BENCH ")]
-    if proc.returncode != 0 or len(lines) != 1:
-        raise BenchError(f"{' '.join(cmd)} failed (exit {proc.returncode}):\n"
-                         f"{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
-    return json.loads(lines[0].split(" ", 1)[1])
+    return launch_record(cmd, _clean_env(env), "TRAIN_BENCH", timeout)
 
 
 def _mean(values):

@@ -24,7 +24,7 @@ from spmd.pipeline.progress import Bar
 from spmd.pipeline.plan import Plan
 from spmd.pipeline.rounds import Writer, as_numpy, describe
 from spmd.pipeline.outputs import open_sink
-from spmd.pipeline.sinks import Collect, NpyFile, partial_path
+from spmd.pipeline.sinks import partial_path
 from spmd.pipeline.sources import fingerprint, open_source
 
 __all__ = ["Root", "task_name", "differing_rows"]
@@ -207,8 +207,7 @@ class Root:
         received against what was sent). A failure is kept (:meth:`fail`).
         """
         if self.writer is None:  # a user's callable output runs in the main thread
-            threaded = isinstance(self.sink, (NpyFile, Collect)) or getattr(self.sink, "threaded", False)
-            self.writer = Writer(self.write, self.overlap and threaded)
+            self.writer = Writer(self.write, self.overlap and getattr(self.sink, "threaded", False))
         if self.pending is not None:
             return
         a, b = span.start, span.stop

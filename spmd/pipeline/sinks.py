@@ -16,7 +16,7 @@ import numpy as np
 
 from spmd.pipeline.formats.names import has_metadata, split_dataset
 from spmd.util.atomic import AtomicFile, fsync_dir
-from spmd.errors import PipelineError, PipelineTypeError, PipelineValueError
+from spmd.errors import PipelineError, PipelineValueError
 
 __all__ = ["check_output", "Collect", "NpyFile", "RowWriter", "Call", "partial_path"]
 
@@ -25,6 +25,7 @@ class Collect:
     """Keep the blocks in memory; close returns them as one array."""
 
     positional = False
+    threaded = True  # root's writer thread may take the rounds (a user's callable: the main thread)
 
     def __init__(self):
         self.parts = []
@@ -123,6 +124,7 @@ class NpyFile:
     """
 
     positional = True
+    threaded = True
 
     def __init__(self, path, rows, resume=False):
         check_output(path)

@@ -341,7 +341,7 @@ def open_source(spec: Any, columns: Optional[Sequence[str]] = None, dataset: Opt
         if names.is_zarr(spec):
             return zarr_arrays.ZarrSource(spec)
         if path.is_dir():
-            if any(path.rglob("*.parquet")) or any(path.rglob("*.pq")):
+            if any(p.suffix in names.PARQUET for p in path.rglob("*")):
                 return parquet.ParquetSource(path, columns)
             return ShardSource(path)
         if not path.exists():

@@ -12,7 +12,7 @@ from spmd.pipeline.run import SyntheticTable, pipeline
 from spmd.pipeline.sinks import partial_path
 from spmd.pipeline.sources import open_source
 
-from tests.pipeline.test_journal import CHUNK, ROWS, kill_halfway, reference
+from tests.pipeline.test_journal import CHUNK, ROWS, kill_halfway, reference, two_sizes
 from tests.support import MPIRUN, PY, REPO, WORLDS, clean_env, run, tool
 
 pa = pytest.importorskip("pyarrow", reason="the formats extra: pip install 'spmd[formats]'")
@@ -81,11 +81,7 @@ def test_a_run_of_each_format_killed_halfway_resumes_at_another_size_with_the_sa
     whole = tmp_path / f"whole.{fmt}"
     pipeline(lambda b: b * np.float32(2), open_source(given), output=str(whole), chunk_rows=CHUNK)
     script = [WORLDS / "resumable.py", out, ROWS, CHUNK, 0.05, given]
-    if launcher == "mpirun":
-        first, second, env = [MPIRUN, "-n", 2, PY], [MPIRUN, "-n", 3, PY], clean_env(SPMD_BACKEND="mpi")
-    else:
-        spmd = tool("spmd")
-        first, second, env = [spmd, "run", "-n", 3], [spmd, "run", "-n", 2], clean_env()
+    first, second, env = two_sizes(launcher)
     kill_halfway(first + script, env, out, f"{launcher} {fmt}, first run")
     result = run(second + script, 120, env=env)
     assert result.returncode == 0, result.stdout[-4000:]

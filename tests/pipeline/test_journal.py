@@ -137,6 +137,14 @@ def kill_halfway(cmd, env, out, what):
     return result
 
 
+def two_sizes(launcher):
+    """(the first run's command, the resumed run's at another size, their environment) under launcher."""
+    if launcher == "mpirun":
+        return [MPIRUN, "-n", 2, PY], [MPIRUN, "-n", 3, PY], clean_env(SPMD_BACKEND="mpi")
+    spmd = tool("spmd")
+    return [spmd, "run", "-n", 3], [spmd, "run", "-n", 2], clean_env()
+
+
 def check_resumed(result, out):
     import re
 
@@ -157,11 +165,7 @@ def check_resumed(result, out):
 def test_a_run_killed_halfway_resumes_at_another_size_with_the_same_bytes(tmp_path, launcher):
     out = tmp_path / "out.npy"
     script = [WORLDS / "resumable.py", out, ROWS, CHUNK]
-    if launcher == "mpirun":
-        first, second, env = [MPIRUN, "-n", 2, PY], [MPIRUN, "-n", 3, PY], clean_env(SPMD_BACKEND="mpi")
-    else:
-        spmd = tool("spmd")
-        first, second, env = [spmd, "run", "-n", 3], [spmd, "run", "-n", 2], clean_env()
+    first, second, env = two_sizes(launcher)
     kill_halfway(first + script, env, out, f"{launcher}, first run")
     check_resumed(run(second + script, 120, env=env), out)
 

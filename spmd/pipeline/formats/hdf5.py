@@ -10,7 +10,6 @@ a .npy one.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
@@ -69,13 +68,6 @@ class Hdf5Source:
             raise SourceError(f"{self.path}:{name} is a scalar; the pipeline needs rows (a dataset of 1 or more "
                               "dimensions)")
         self.shape, self.dtype, self.chunks = tuple(obj.shape), np.dtype(obj.dtype), obj.chunks
-
-    @property
-    def boundaries(self) -> list[int]:
-        """Where a share's edge splits no chunk (every chunk's first row), or [] for a contiguous dataset."""
-        if not self.chunks:
-            return []
-        return list(range(self.chunks[0], self.shape[0], self.chunks[0]))
 
     def read(self, start: int, stop: int) -> np.ndarray:
         """Return rows start to stop (exclusive)."""

@@ -112,11 +112,6 @@ class ParquetSource:
         self.shape = (int(self.starts[-1]), len(self.columns))
         self._cached: tuple[Optional[int], Optional[np.ndarray]] = (None, None)
 
-    @property
-    def boundaries(self) -> list[int]:
-        """The first row of every row group after the first: where a share's edge costs no extra read."""
-        return [int(s) for s in self.starts[1:-1]]
-
     def _read_group(self, k: int, out: Optional[np.ndarray] = None) -> np.ndarray:
         i, g, n = self.groups[k]
         try:

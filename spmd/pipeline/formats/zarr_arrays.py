@@ -1,9 +1,8 @@
 """Zarr (zarr-python 3; stores of format 3 and 2): an array in a directory store, rows along axis 0.
 
 :class:`ZarrSource` is opened by every rank, which reads its own rows;
-its chunks' first rows are the :attr:`ZarrSource.boundaries` where the
-pipeline prefers to cut shares, so that no chunk is decoded by two
-ranks.  ``store.zarr`` names an array; ``store.zarr:/group/name`` one
+a chunk that two ranks' shares cut is decoded by both (shares are not
+aligned to chunks).  ``store.zarr`` names an array; ``store.zarr:/group/name`` one
 array of a group.  :class:`ZarrStore` is an output root writes.
 """
 
@@ -18,7 +17,7 @@ import numpy as np
 
 from spmd.errors import PipelineError, SourceError
 from spmd.pipeline.formats.extra import need
-from spmd.pipeline.formats.names import has_metadata, is_zarr, split_array
+from spmd.pipeline.formats.names import is_zarr, split_array
 from spmd.pipeline.sinks import check_output, partial_path
 from spmd.util.atomic import fsync_dir, temporary_name
 
@@ -59,11 +58,6 @@ class ZarrSource:
         self.shape, self.dtype = tuple(found.shape), np.dtype(found.dtype)
         self.chunks = tuple(found.chunks)
         self.format = found.metadata.zarr_format
-
-    @property
-    def boundaries(self) -> list[int]:
-        """Every chunk's first row after the first: where a share's edge splits no chunk."""
-        return list(range(self.chunks[0], self.shape[0], self.chunks[0]))
 
     def read(self, start: int, stop: int) -> np.ndarray:
         """Return rows start to stop (exclusive)."""
