@@ -8,8 +8,8 @@ The gloo and nccl backends refine it: :mod:`spmd.comms.backends.torchdist.gloo`,
 """
 
 import re
+import secrets
 import weakref
-from datetime import timedelta
 
 import numpy as np
 import torch
@@ -19,6 +19,7 @@ from spmd.comms.backends.torchdist import stuck
 from spmd.comms.base import Comm
 from spmd.comms.handle import Done, Handle
 from spmd.comms.backends.torchdist.arrays import OPS, all_gather_single, as_kind, tensor, wire
+from spmd.comms.backends.torchdist.groups import make_groups
 from spmd.comms.backends.torchdist.p2p import TorchMessages
 
 __all__ = ["TorchComm", "is_timeout"]
@@ -282,20 +283,22 @@ class TorchComm(TorchMessages, Comm):
     # -- sub-communicators -----------------------------------------------------
 
     def _split_comm(self, color, key):
-        pairs = self.all_gather_object((color, key))
-        mine = None
+        said = self.all_gather_object((color, key, secrets.token_hex(8)))
+        pairs = [(c, k) for c, k, _ in said]
+        groups = {}
         for c in sorted({c for c, _ in pairs if c is not None}):
             members = sorted((k, r) for r, (cc, k) in enumerate(pairs) if cc == c)
-            ranks = [self._global(r) for _, r in members]
-            # Every rank creates every group, in the same order, as torch requires.
-            group = dist.new_group(ranks, timeout=timedelta(seconds=self.timeout), sort_ranks=False)
-            if c == color:
-                mine = type(self)(
-                    self.backend, self.placement, self.device, group, ranks, self.timeout,
-                    self._mon.child(), self._store, self._caches.child(len(ranks)),
-                )
-                mine._family = self._family
-                self._family.add(mine)
+            groups[c] = [self._global(r) for _, r in members]
+        group = make_groups(self, self._store, said[0][2], list(groups.values()), self.timeout)
+        if color is None:
+            return None
+        ranks = groups[color]
+        mine = type(self)(
+            self.backend, self.placement, self.device, group, ranks, self.timeout,
+            self._mon.child(), self._store, self._caches.child(len(ranks)),
+        )
+        mine._family = self._family
+        self._family.add(mine)
         return mine
 
     def _free(self):
