@@ -134,12 +134,14 @@ class Planner:
     """Each round's rows and shares, from the ranks' reports of the rounds before.
 
     budgets: each rank's bytes for the pipeline's rows (None: no caps).
-    in_row_bytes: bytes per input row. Call :meth:`plan` for a round's
+    in_row_bytes: bytes per input row; grid: where the edges may fall
+    (a chunk's rows move a share by less than a chunk, past a memory cap
+    too). Call :meth:`plan` for a round's
     shares and :meth:`observe` with every rank's (rows, seconds) once a
     round is done, in the same order on every rank.
     """
 
-    def __init__(self, mode, size, chunk, in_row_bytes, budgets=None):
+    def __init__(self, mode, size, chunk, in_row_bytes, budgets=None, grid=None):
         if mode not in MODES:
             raise PipelineValueError(f"balance={mode!r}: expected one of {', '.join(MODES)}")
         self.mode, self.size, self.chunk = mode, size, chunk
@@ -148,6 +150,7 @@ class Planner:
         self.rates = [None] * size
         self.sums = [(0.0, 0.0)] * size
         self.planned = 0
+        self.grid = grid  # where edges may fall (spmd.pipeline.grid), or None: any row
 
     def caps(self):
         """Return the rows each rank's memory holds per round, or None without budgets."""
@@ -163,8 +166,8 @@ class Planner:
         fastest, typical = max(known), sorted(known)[len(known) // 2]
         return [max(typical if r is None else r, FLOOR * fastest) for r in self.rates]
 
-    def plan(self, rows_left):
-        """Return this round's per-rank row counts (their sum is the round's rows)."""
+    def plan(self, rows_left, start=0):
+        """Return the per-rank row counts of the round from row start (their sum is the round's rows)."""
         n = min(self.chunk, rows_left)
         self.planned += 1
         if self.mode == "speed" and self.planned <= IN_FLIGHT:
@@ -178,7 +181,8 @@ class Planner:
                     f"balance='memory': no rank has memory for one row ({(self.in_row + self.out_row) * IN_FLIGHT} "
                     f"bytes: {IN_FLIGHT} rounds of a {self.in_row}-byte input row and a {self.out_row}-byte "
                     f"output row) within its budget ({listing}); give a larger budget")
-        return split(n, self.weights(), caps)
+        counts = split(n, self.weights(), caps)
+        return counts if self.grid is None else self.grid.align(counts, start, start + rows_left)
 
     def observe(self, rows, seconds, out_row_bytes=None):
         """Take one round's rows and busy seconds per rank (and the output row's bytes, once known)."""

@@ -14,6 +14,8 @@ from typing import Optional
 
 import numpy as np
 
+from spmd.pipeline.grid import Grid
+
 __all__ = ["Plan", "Options", "Span"]
 
 
@@ -37,6 +39,7 @@ class Plan:
     layout: Optional[tuple] = None  # a resumed output's (dtype, row shape), else None until the first round
     journal: Optional[str] = None  # where the journal is (positional outputs), for the preemption message
     identity: Optional[str] = None  # the shared source's own identity (a format's metadata), checked on every rank
+    grid: Optional[Grid] = None  # where the edges of shares and rounds fall (a chunked output's or input's), or any row
 
     @property
     def row_shape(self) -> tuple:

@@ -25,7 +25,6 @@ from spmd.pipeline.balance import Planner
 from spmd.pipeline.plan import Span
 from spmd.pipeline.progress import PerRank
 from spmd.pipeline.rounds import Reader, Status, apply, describe
-from spmd.pipeline.sinks import RowWriter
 from spmd.runtime import preempt
 
 __all__ = ["Ranks", "check_statuses", "raise_pending"]
@@ -65,7 +64,7 @@ class Ranks:
         self.crc = agree.checksum_of(self.plan, reports)
         self.budgets = agree.budgets(reports)
         self.planner = Planner(self.options.balance, self.size, self.plan.chunk, self.plan.in_row_bytes,
-                               self.budgets)
+                               self.budgets, self.plan.grid)
         reading = self.read_mode == "parallel" or self.rank == self.root
         self.reader = Reader(self.src.read, self.overlap) if reading else None
 
@@ -86,7 +85,7 @@ class Ranks:
             self.start_writing(dtype, row_shape, plan.start)
         if plan.start >= plan.rows and not (plan.rows == 0 and plan.start == 0):
             return None
-        span = Span.at(plan.start, self.planner.plan(plan.rows - plan.start))
+        span = Span.at(plan.start, self.planner.plan(plan.rows - plan.start, plan.start))
         self.request(span)
         self.mark = time.perf_counter()
         return span
@@ -108,7 +107,7 @@ class Ranks:
         rows = self.plan.rows
         if span.stop >= rows:
             return None
-        nxt = Span.at(span.stop, self.planner.plan(rows - span.stop))
+        nxt = Span.at(span.stop, self.planner.plan(rows - span.stop, span.stop))
         self.request(nxt)
         return nxt
 
@@ -235,8 +234,8 @@ class Ranks:
         msg = None
         if books:
             try:
-                made = books.start_output(dtype, row_shape, start, self.crc.name, self.plan.rows)
-                msg = ("ok",) + made if parallel and made else ("root", getattr(books.sink, "why_root", None))
+                made = books.start_output(dtype, row_shape, start, self.crc.name)
+                msg = ("ok", made) if parallel and made else ("root", getattr(books.sink, "why_root", None))
             except Exception as exc:
                 msg = ("error", describe(exc))
         msg = comm.broadcast_object(msg, self.root)
@@ -247,7 +246,7 @@ class Ranks:
             self.notes += root_writes(msg[1], write, self.size)
             self.write_mode = "root"
             return
-        self.rows_writer, error = (books.sink.writer, None) if books else open_rows(*msg[1:], start, self.root)
+        self.rows_writer, error = (books.sink.writer, None) if books else open_rows(msg[1])
         bad = [(r, e) for r, e in enumerate(comm.all_gather_object(error)) if e]
         if not bad:
             self.write_mode = "parallel"
@@ -332,16 +331,12 @@ class Ranks:
             self.books.close()
 
 
-def open_rows(where, header_bytes, row_bytes, nonce, start, root):
-    """Open the .npy file root made and check it is that file (root's mark); return (writer, error)."""
-    writer = None
+def open_rows(ticket):
+    """Open the output root made, from its ticket, and check it is root's; return (writer, error)."""
     try:
-        writer = RowWriter(where, header_bytes, row_bytes)
-        if nonce and writer.read_bytes(header_bytes + start * row_bytes, len(nonce)) != nonce:
-            raise PipelineError(f"{where} here is not the file rank {root} made (no file system shared with it)")
+        return ticket.open(), None
     except Exception as exc:
-        return writer, f"{socket.gethostname()}: {describe(exc)}"
-    return writer, None
+        return None, f"{socket.gethostname()}: {describe(exc)}"
 
 
 def root_writes(why, write, size):

@@ -40,6 +40,18 @@ def task_name(fn, task):
     return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
 
 
+def grid_of(sink, src, in_row_bytes):
+    """Where shares and rounds may end: a Zarr output's chunks (each written by one rank), else a
+    chunked input's (each decoded by one), else any row (None)."""
+    for owner, args in ((sink, (in_row_bytes,)), (src, ())):
+        grid = getattr(owner, "grid", None)
+        if callable(grid):
+            made = grid(*args)
+            if not made.free:
+                return made
+    return None
+
+
 class Root:
     """Root's books: the input, the output and its journal, the checksums, verify, the bar.
 
@@ -79,12 +91,13 @@ class Root:
                 raise PipelineValueError("resume=True needs output to be a file path (.npy, .parquet, .h5, "
                                          ".zarr): the journal records rounds written there")
             self.bar = Bar() if progress is True else progress or None
+            in_row_bytes = np.dtype(src.dtype).itemsize * int(np.prod(src.shape[1:], dtype=np.int64))
             plan = Plan(
                 rows=rows, chunk=chunk, positional=self.sink.positional, resume=bool(resume),
-                shape=tuple(src.shape), dtype=str(np.dtype(src.dtype)),
-                in_row_bytes=np.dtype(src.dtype).itemsize * int(np.prod(src.shape[1:], dtype=np.int64)),
+                shape=tuple(src.shape), dtype=str(np.dtype(src.dtype)), in_row_bytes=in_row_bytes,
                 checksum=checksum.kind(), forced=checksum.forced(),
                 why_root="read='root'" if read == "root" else "the source is read by root alone",
+                grid=grid_of(self.sink, src, in_row_bytes),
             )
             if read != "root" and getattr(src, "every_rank", False):
                 try:
@@ -156,8 +169,8 @@ class Root:
                     f"{self.sink.partial} rows {a} to {b} have {crc.name} {got:08x} but {journal.path} "
                     f"recorded {r['out']:08x}: the output was changed since; delete both to start over")
 
-    def start_output(self, dtype, row_shape, start, kind, rows):
-        """Create the output file (or take the reopened one); start the journal; return where ranks write."""
+    def start_output(self, dtype, row_shape, start, kind):
+        """Create the output (or take the reopened one); start the journal; return the ticket ranks open it with."""
         if self.sink.writer is None:
             self.sink.create(dtype, row_shape)
             if self.journal is not None:
@@ -169,11 +182,7 @@ class Root:
                 f"holds {self.sink.dtype} rows of shape {self.sink.row_shape}: not the run that made it")
         if not getattr(self.sink, "parallel", True):  # root alone writes this format
             return None
-        nonce = np.frombuffer(np.random.bytes(8), np.uint8)
-        room = (rows - start) * self.sink.row_bytes
-        if room >= nonce.size:  # where a rank that sees this file finds these bytes
-            self.sink.writer.write_bytes(self.sink.header_bytes + start * self.sink.row_bytes, nonce)
-        return self.sink.where, self.sink.header_bytes, self.sink.row_bytes, nonce.tobytes() if room >= 8 else b""
+        return self.sink.ticket(start)
 
     # -- a round: what Ranks asks of root --
 

@@ -166,5 +166,6 @@ def _result(comm, plan, options, books, run, lap, written, output):
         overlap=bool(options.overlap),
         resumed_rows=plan.start,
         resumed_rounds=plan.rounds_before,
-        notes=tuple(run.notes),
+        notes=tuple(run.notes) + ((f"shares and rounds end on {plan.grid.why}",)
+                                  if plan.grid and comm.size > 1 else ()),
     )

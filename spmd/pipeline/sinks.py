@@ -11,6 +11,7 @@ plain run writes a temporary of :mod:`spmd.util.atomic`, a resumable one
 import contextlib
 import os
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -18,7 +19,7 @@ from spmd.pipeline.formats.names import has_metadata, split_dataset
 from spmd.util.atomic import AtomicFile, fsync_dir
 from spmd.errors import PipelineError, PipelineValueError
 
-__all__ = ["check_output", "Collect", "NpyFile", "RowWriter", "Call", "partial_path"]
+__all__ = ["check_output", "Collect", "NpyFile", "RowWriter", "RowsTicket", "Call", "partial_path"]
 
 
 class Collect:
@@ -116,6 +117,28 @@ class RowWriter:
             self.fd = None
 
 
+class RowsTicket(NamedTuple):
+    """What a rank needs to write its rows into root's .npy (or HDF5) file: where, and root's mark."""
+
+    where: str
+    header_bytes: int
+    row_bytes: int
+    nonce: bytes
+    start: int
+
+    def open(self):
+        """Open the file and check it is root's (its mark at row start); return a RowWriter."""
+        writer = RowWriter(self.where, self.header_bytes, self.row_bytes)
+        try:
+            at = self.header_bytes + self.start * self.row_bytes
+            if self.nonce and writer.read_bytes(at, len(self.nonce)) != self.nonce:
+                raise PipelineError(f"{self.where} here is not the file root made (no file system shared with it)")
+        except Exception:
+            writer.close(sync=False)
+            raise
+        return writer
+
+
 class NpyFile:
     """A .npy output of rows rows, written at row offsets, put in place whole.
 
@@ -179,6 +202,14 @@ class NpyFile:
         self.where = os.fspath(self.partial)
         self.writer = RowWriter(self.where, self.header_bytes, self.row_bytes)
         return self.where
+
+    def ticket(self, start):
+        """Mark the file where rank start's rows go and return what another rank opens it with."""
+        nonce = np.frombuffer(np.random.bytes(8), np.uint8)
+        if (self.rows - start) * self.row_bytes >= nonce.size:  # where a rank that sees this file finds these bytes
+            self.writer.write_bytes(self.header_bytes + start * self.row_bytes, nonce)
+            return RowsTicket(self.where, self.header_bytes, self.row_bytes, nonce.tobytes(), start)
+        return RowsTicket(self.where, self.header_bytes, self.row_bytes, b"", start)
 
     def read_rows(self, start, stop):
         """Return rows start to stop as they are in the file (a resumed run checks them)."""

@@ -146,6 +146,30 @@ def _bytes(path):
 
 
 @pytest.mark.unit
+@pytest.mark.parametrize("balance", ["even", "speed", "memory"])
+def test_each_zarr_chunk_is_written_whole_by_the_rank_that_owns_it(tmp_path, balance):
+    rows = SyntheticTable(60000, 6, seed=5).read(0, 60000)
+    src = tmp_path / "in.zarr"
+    zarr.create_array(store=str(src), shape=rows.shape, chunks=(1000, 6), dtype="float32")[:] = rows
+    serial = pipeline(_mlp, str(src), output=str(tmp_path / "one.zarr"), chunk_rows=10000)
+    results, errors, _ = at_three(lambda comm: pipeline(
+        _mlp, str(src) if comm.rank == 0 else None, output=str(tmp_path / "three.zarr"), chunk_rows=10000,
+        comm=comm, balance=balance, memory="1M,2M,4M" if balance == "memory" else None))
+    assert errors == [None] * 3, errors
+    res = results[0]
+    out = zarr.open_array(str(tmp_path / "three.zarr"), mode="r")
+    step = out.chunks[0]
+    assert step == 3750  # a sixteenth of the rows, from the input alone: the same chunks at any world size
+    assert res.write_mode == "parallel" and res.read_mode == "parallel"
+    # every share and round ends on a chunk's edge: no chunk is cut, so no two ranks write one
+    assert all(n % step == 0 for n in res.rows_per_rank) and sum(n > 0 for n in res.rows_per_rank) >= 2, \
+        res.rows_per_rank
+    assert np.array_equal(out[:], _mlp(rows)) and res.checksum == serial.checksum
+    assert _bytes(tmp_path / "one.zarr") == _bytes(tmp_path / "three.zarr")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.zarr", "one.zarr", "three.zarr"]
+
+
+@pytest.mark.unit
 @pytest.mark.parametrize("out", ["o.parquet", "o.h5", "o.zarr"])
 def test_three_ranks_read_and_write_each_format_as_one_does(tmp_path, out):
     src = tmp_path / "in.parquet"
@@ -158,8 +182,8 @@ def test_three_ranks_read_and_write_each_format_as_one_does(tmp_path, out):
     res = results[0]
     assert res.read_mode == "parallel" and res.checksum == serial.checksum
     assert _bytes(tmp_path / f"one-{out}") == _bytes(tmp_path / f"three-{out}")
-    if out.endswith(".h5"):
-        assert res.write_mode == "parallel"  # every rank at its offsets
+    if out.endswith((".h5", ".zarr")):
+        assert res.write_mode == "parallel"  # every rank at its offsets, or its own chunks
     else:
         assert res.write_mode == "root" and any("root writes" in n for n in res.notes)
     if out.endswith(".parquet"):
@@ -170,7 +194,8 @@ def test_three_ranks_read_and_write_each_format_as_one_does(tmp_path, out):
 @pytest.mark.unit
 @pytest.mark.parametrize("out", ["o.parquet", "o.h5", "o.zarr"])
 def test_a_resumed_run_of_each_format_ends_as_an_uninterrupted_one(tmp_path, out):
-    whole = pipeline(_mlp, TABLE, output=str(tmp_path / f"whole-{out}"), chunk_rows=1000)
+    table = SyntheticTable(20000, 6, seed=3).read(0, 20000)  # a Zarr output's rounds are its chunks: 2730 rows
+    whole = pipeline(_mlp, table, output=str(tmp_path / f"whole-{out}"), chunk_rows=1000)
     calls = []
 
     def dies_at_round_3(block):
@@ -181,9 +206,9 @@ def test_a_resumed_run_of_each_format_ends_as_an_uninterrupted_one(tmp_path, out
 
     target = tmp_path / f"r-{out}"
     with pytest.raises(PipelineError, match="killed"):
-        pipeline(dies_at_round_3, TABLE, output=str(target), chunk_rows=1000, resume=True, task="mlp")
+        pipeline(dies_at_round_3, table, output=str(target), chunk_rows=1000, resume=True, task="mlp")
     assert not target.exists() and (tmp_path / f"r-{out}.partial").exists()
-    done = pipeline(_mlp, TABLE, output=str(target), chunk_rows=700, resume=True, task="mlp")
+    done = pipeline(_mlp, table, output=str(target), chunk_rows=700, resume=True, task="mlp")
     assert done.checksum == whole.checksum
     assert _bytes(target) == _bytes(tmp_path / f"whole-{out}")
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([target.name, f"whole-{out}"])

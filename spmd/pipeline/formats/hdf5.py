@@ -18,6 +18,7 @@ from spmd.errors import PipelineError, SourceError
 from spmd.pipeline.formats.extra import need
 from spmd.pipeline.formats.names import HDF5 as SUFFIXES
 from spmd.pipeline.formats.names import split_dataset
+from spmd.pipeline.grid import ANY_ROW, Grid
 from spmd.pipeline.sinks import NpyFile, RowWriter
 from spmd.util.atomic import AtomicFile
 
@@ -68,6 +69,12 @@ class Hdf5Source:
             raise SourceError(f"{self.path}:{name} is a scalar; the pipeline needs rows (a dataset of 1 or more "
                               "dimensions)")
         self.shape, self.dtype, self.chunks = tuple(obj.shape), np.dtype(obj.dtype), obj.chunks
+
+    def grid(self) -> Grid:
+        """A chunked dataset's chunk rows (a contiguous one: any row)."""
+        if not self.chunks or self.chunks[0] <= 1:
+            return ANY_ROW
+        return Grid.of(self.chunks[0], why=f"the input's HDF5 chunks of {self.chunks[0]} rows")
 
     def read(self, start: int, stop: int) -> np.ndarray:
         """Return rows start to stop (exclusive)."""

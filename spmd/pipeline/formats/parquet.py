@@ -22,6 +22,7 @@ import numpy as np
 from spmd.errors import SourceError
 from spmd.pipeline.formats.extra import need
 from spmd.pipeline.formats.names import PARQUET as SUFFIXES
+from spmd.pipeline.grid import Grid
 
 __all__ = ["ParquetSource", "parquet_paths", "SUFFIXES"]
 
@@ -151,6 +152,10 @@ class ParquetSource:
                 out[a - start : b - start] = block[a - lo : b - lo]
             k += 1
         return out
+
+    def grid(self) -> Grid:
+        """Row group starts: a share edge there decodes no group twice."""
+        return Grid.of(edges=[int(x) for x in self.starts], why="the input's Parquet row groups")
 
     def identity(self) -> str:
         """The dataset's identity from its footers: schema, row groups and their statistics (no rows read)."""

@@ -1,27 +1,31 @@
 """Zarr (zarr-python 3; stores of format 3 and 2): an array in a directory store, rows along axis 0.
 
 :class:`ZarrSource` is opened by every rank, which reads its own rows;
-a chunk that two ranks' shares cut is decoded by both (shares are not
-aligned to chunks).  ``store.zarr`` names an array; ``store.zarr:/group/name`` one
-array of a group.  :class:`ZarrStore` is an output root writes.
+shares end on its chunks' edges (:meth:`ZarrSource.grid`), so no chunk
+is decoded twice.  ``store.zarr`` names an array; ``store.zarr:/group/name``
+one array of a group.  :class:`ZarrStore` is an output whose chunks are
+written by the ranks that own them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 import numpy as np
 
 from spmd.errors import PipelineError, SourceError
 from spmd.pipeline.formats.extra import need
 from spmd.pipeline.formats.names import is_zarr, split_array
+from spmd.pipeline.grid import Grid
 from spmd.pipeline.sinks import check_output, partial_path
 from spmd.util.atomic import fsync_dir, temporary_name
 
-__all__ = ["ZarrSource", "ZarrStore", "split_array", "is_zarr", "arrays_in", "CHUNK_BYTES"]
+__all__ = ["ZarrSource", "ZarrStore", "ZarrRows", "ZarrTicket", "split_array", "is_zarr", "arrays_in",
+           "CHUNK_BYTES", "MIN_CHUNK_BYTES"]
 
 
 def arrays_in(group: Any) -> list[str]:
@@ -59,6 +63,10 @@ class ZarrSource:
         self.chunks = tuple(found.chunks)
         self.format = found.metadata.zarr_format
 
+    def grid(self) -> Grid:
+        """The array's chunk rows: a share edge there decodes no chunk twice."""
+        return Grid.of(self.chunks[0], why=f"the input's Zarr chunks of {self.chunks[0]} rows")
+
     def read(self, start: int, stop: int) -> np.ndarray:
         """Return rows start to stop (exclusive)."""
         stop = min(stop, self.shape[0])
@@ -85,9 +93,13 @@ class ZarrSource:
         return f"<ZarrSource {self.store}{':/' + self.name if self.name else ''} {self.shape} {self.dtype}>"
 
 
-#: An output's chunk holds about this many bytes of rows (whole rows; set by the row's size alone, so the
-#: store's chunking, and with it its bytes, are the same at every world size, chunk_rows and balance).
+#: An output's chunk holds a sixteenth of the rows, but at least MIN_CHUNK_BYTES and at most CHUNK_BYTES of
+#: input rows (whole rows; set by the input's rows and row size alone, so the store's chunking, and with it
+#: its bytes, are the same at every world size, chunk_rows and balance).
 CHUNK_BYTES = 4 << 20
+MIN_CHUNK_BYTES = 64 << 10
+#: The file in a store being written that holds root's mark (removed before the store is put in place).
+MARK = ".spmd-mark"
 
 
 def place_dir(tmp: str, path: Path) -> None:
@@ -102,35 +114,79 @@ def place_dir(tmp: str, path: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+class ZarrRows:
+    """Write rows into a Zarr array (any rank: whole chunks of its own, which no other rank touches)."""
+
+    def __init__(self, array: Any) -> None:
+        self.array = array
+
+    def write(self, start: int, block: np.ndarray) -> None:
+        if block.shape[0]:
+            self.array[start : start + block.shape[0]] = block
+
+    def sync(self) -> None:
+        """zarr has written each chunk to its file when the assignment returns."""
+
+    def close(self, sync: bool = True) -> None:
+        """Nothing stays open between writes."""
+
+
+class ZarrTicket(NamedTuple):
+    """What a rank needs to write its chunks into root's store: where it is, and root's mark in it."""
+
+    where: str
+    nonce: bytes
+
+    def open(self) -> ZarrRows:
+        """Open the array and check it is root's store (the mark); return its writer."""
+        zarr = need("zarr", "writing Zarr")
+        try:
+            seen = (Path(self.where) / MARK).read_bytes()
+        except OSError:
+            seen = b""
+        if seen != self.nonce:
+            raise PipelineError(f"{self.where} here is not the store root made (no file system shared with it)")
+        return ZarrRows(zarr.open_array(store=self.where, mode="r+"))
+
+
 class ZarrStore:
     """A Zarr output (format 3, zarr's default codecs): a new directory store of one array, rows along axis 0.
 
-    Root writes it, round by round in row order (a round's edge may cut a
-    chunk, which zarr then reads and rewrites: one writer is safe).  It
-    is filled in a temporary directory (``<out>.partial`` when resumable)
-    and put in place when complete.
+    Its chunks hold a sixteenth of the rows (64 KiB to 4 MiB of input
+    rows), and the pipeline
+    ends every share and round on a chunk's edge (:meth:`grid`), so each
+    chunk is written whole by the one rank whose rows it holds, in
+    parallel (root alone with verify or write='root').  It is filled in
+    a temporary directory (``<out>.partial`` when resumable) and put in
+    place when complete.
     """
 
     positional = True
-    parallel = False
-    why_root = "Zarr outputs are written by root (a chunk cut by two ranks' rows takes one writer)"
+    parallel = True
     threaded = True
 
     def __init__(self, path: Any, rows: int, resume: bool = False) -> None:
         check_output(path)  # its directory exists and is writable; it is not a directory other than a store
         self.path, self.rows, self.resume = Path(path), int(rows), resume
         self.partial = partial_path(self.path) if resume else None
-        self.writer: Any = None
+        self.writer: Optional[ZarrRows] = None
         self.where: Optional[str] = None
         self.dtype: Any = None
         self.row_shape: tuple = ()
         self.row_bytes = 0
+        self.chunk_rows = max(1, self.rows)
+
+    def grid(self, in_row_bytes: int) -> Grid:
+        """The store's chunk rows, from the input row's bytes; every share and round ends on them."""
+        row = max(int(in_row_bytes), 1)
+        rows = min(CHUNK_BYTES // row, max(MIN_CHUNK_BYTES // row, -(-self.rows // 16)))
+        self.chunk_rows = max(1, min(self.rows, rows))
+        return Grid.of(self.chunk_rows, why=f"the output's Zarr chunks of {self.chunk_rows} rows")
 
     def _layout(self, dtype: Any, row_shape: tuple) -> tuple:
         self.dtype, self.row_shape = np.dtype(dtype), tuple(int(n) for n in row_shape)
         self.row_bytes = self.dtype.itemsize * int(np.prod(self.row_shape, dtype=np.int64))
-        per_chunk = max(1, min(self.rows, CHUNK_BYTES // max(self.row_bytes, 1)))
-        return (per_chunk,) + self.row_shape
+        return (self.chunk_rows,) + self.row_shape
 
     def create(self, dtype: Any, row_shape: tuple) -> str:
         """Make the store and its array, whole-sized (no chunk written yet)."""
@@ -139,8 +195,8 @@ class ZarrStore:
         self.where = os.fspath(self.partial) if self.resume else temporary_name(self.path)
         if self.resume and Path(self.where).exists():
             shutil.rmtree(self.where)
-        self.writer = zarr.create_array(store=self.where, shape=(self.rows,) + self.row_shape, chunks=chunks,
-                                        dtype=self.dtype, fill_value=0, zarr_format=3)
+        self.writer = ZarrRows(zarr.create_array(store=self.where, shape=(self.rows,) + self.row_shape,
+                                                 chunks=chunks, dtype=self.dtype, fill_value=0, zarr_format=3))
         return self.where
 
     def reopen(self, dtype: Any, row_shape: tuple) -> str:
@@ -156,18 +212,26 @@ class ZarrStore:
                                                                           self.dtype, chunks):
             raise PipelineError(f"{self.partial} is not the output the journal describes ({arr.dtype} "
                                 f"{arr.shape} in chunks {arr.chunks}); delete it and {self.path}.journal to start over")
-        self.writer, self.where = arr, os.fspath(self.partial)
+        self.writer, self.where = ZarrRows(arr), os.fspath(self.partial)
         return self.where
+
+    def ticket(self, start: int) -> ZarrTicket:
+        """Mark the store (a file beside its array's) and return what another rank opens it with."""
+        nonce = np.random.bytes(8)
+        with open(Path(os.fspath(self.where)) / MARK, "wb") as f:
+            f.write(nonce)
+        return ZarrTicket(os.fspath(self.where), nonce)
 
     def read_rows(self, start: int, stop: int) -> np.ndarray:
         """Return rows start to stop as stored (a resumed run checks them)."""
-        return np.asarray(self.writer[start:stop])
+        assert self.writer is not None
+        return np.asarray(self.writer.array[start:stop])
 
     def __call__(self, start: int, block: np.ndarray) -> None:
         if self.writer is None:
             self.create(block.dtype, block.shape[1:])
-        if block.shape[0]:
-            self.writer[start : start + block.shape[0]] = block
+        assert self.writer is not None
+        self.writer.write(start, block)
 
     def sync(self) -> None:
         """zarr has written every chunk of the round to its file when the assignment returns."""
@@ -182,6 +246,8 @@ class ZarrStore:
             if not self.resume:
                 shutil.rmtree(self.where, ignore_errors=True)
             return None
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(Path(self.where) / MARK)
         place_dir(self.where, self.path)
         self.where = None
         return self.path
