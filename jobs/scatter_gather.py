@@ -34,6 +34,7 @@ from spmd.runtime import preempt
 from spmd.pipeline import tasks
 from spmd.pipeline.balance import MODES as BALANCES
 from spmd.errors import PipelinePreempted
+from spmd.pipeline.outputs import Output
 from spmd.pipeline.sinks import check_output
 from spmd.util.clock import process_age
 from spmd.pipeline.run import READS, WRITES, PipelineError, SyntheticTable, on_root, open_source, pipeline
@@ -55,6 +56,22 @@ def discard(start, block):
     """An output that keeps nothing (the checksum is still computed)."""
 
 
+def output_of(output, row_group_rows, zarr_chunk_rows):
+    """--output with its format's options (spmd.pipeline.outputs.Output), or None."""
+    options = {}
+    if row_group_rows is not None:
+        if not (output and output.endswith(".parquet")):
+            raise click.UsageError("--row-group-rows sets a Parquet output's row groups: give --output FILE.parquet")
+        if row_group_rows != "round" and not (row_group_rows.isdigit() and int(row_group_rows) > 0):
+            raise click.UsageError(f"--row-group-rows {row_group_rows}: give rows (a whole number above 0) or round")
+        options["row_group_rows"] = "round" if row_group_rows == "round" else int(row_group_rows)
+    if zarr_chunk_rows is not None:
+        if not (output and output.rstrip("/").endswith(".zarr")):
+            raise click.UsageError("--zarr-chunk-rows sets a Zarr output's chunks: give --output STORE.zarr")
+        options["chunk_rows"] = zarr_chunk_rows
+    return Output(output, **options) if options else output
+
+
 @click.command(help=__doc__)
 @click.option("--input", "input_path", type=click.Path(), metavar="PATH",
               help="A .npy or .csv file, a directory of .npy shards, a .parquet file or directory, "
@@ -72,6 +89,11 @@ def discard(start, block):
                    + "; ".join(f"{t.name}: {t.help.rstrip('.')}" for t in map(tasks.get, tasks.names())) + ".")
 @click.option("--output", type=click.Path(), metavar="PATH",
               help="Write the results here: .npy, .parquet, FILE.h5:/DATASET or .zarr [default: keep only the checksum].")
+@click.option("--row-group-rows", metavar="N|round",
+              help="Parquet output: rows per row group, or 'round' for one per round [default: about 64 MiB].")
+@click.option("--zarr-chunk-rows", type=click.IntRange(min=1), metavar="N",
+              help="Zarr output: rows per chunk, each written whole by one rank [default: a sixteenth of the rows, "
+                   "64 KiB to 4 MiB].")
 @click.option("--chunk-rows", type=click.IntRange(min=1), default=131072, show_default=True,
               help="Rows rank 0 reads and scatters per round; bounds its memory.")
 @click.option("--read", type=click.Choice(READS), default="auto", show_default=True,
@@ -90,12 +112,13 @@ def discard(start, block):
 @click.option("--progress/--no-progress", default=None,
               help="Progress bar on stderr [default: when stderr is a terminal].")
 @click.option("--quiet", is_flag=True, help="Print nothing but errors.")
-def main(input_path, columns, dataset, rows, features, seed, task, output, chunk_rows, read, write, balance,
-         memory_budget, resume, overlap, verify, progress, quiet):
+def main(input_path, columns, dataset, rows, features, seed, task, output, row_group_rows, zarr_chunk_rows,
+         chunk_rows, read, write, balance, memory_budget, resume, overlap, verify, progress, quiet):
     if input_path is not None and rows is not None:
         raise click.UsageError("--rows sets the size of the synthetic table; it cannot be used with --input")
     if resume and not output:
         raise click.UsageError("--resume needs --output PATH: the journal records the rounds written there")
+    target = output_of(output, row_group_rows, zarr_chunk_rows)
     if resume:
         preempt.install()  # a preemption signal ends the run at a round's end, journal up to date
     show_progress = not quiet and (sys.stderr.isatty() if progress is None else progress)
@@ -107,7 +130,7 @@ def main(input_path, columns, dataset, rows, features, seed, task, output, chunk
         source = on_root(lambda: open_input(input_path, rows, features, seed, output, picked, dataset))
         fn = tasks.build(task, source, seed=seed)
         prepared = time.perf_counter() - started
-        result = pipeline(fn, source, output=output or discard, chunk_rows=chunk_rows, verify=verify,
+        result = pipeline(fn, source, output=target or discard, chunk_rows=chunk_rows, verify=verify,
                           progress=show_progress, read=read, write=write, balance=balance,
                           memory=memory_budget, resume=resume, overlap=overlap)
     except PipelinePreempted as exc:  # the journal is up to date: the requeued job resumes

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 from spmd.errors import PipelineError, PipelineJournalError, PipelineTypeError, PipelineValueError
 from spmd.pipeline.balance import MODES as BALANCES
 from spmd.pipeline.journal import journal_path
+from spmd.pipeline.outputs import Output
 from spmd.pipeline.plan import Options
 from spmd.pipeline.progress import PHASES, Laps, Result
 from spmd.pipeline.ranks import Ranks
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "pipeline",
+    "Output",
     "Result",
     "PipelineError",
     "on_root",
@@ -100,7 +102,8 @@ def pipeline(fn: Callable[[Any], Any], source: Any, *, output: Any = None, chunk
     source (used on root only): an array, a path, a source object, or a
     callable returning one of these. output: None to return the results
     as one array on root, a .npy path (made whole-sized, filled in, put
-    in place when complete), or a callable(start_row, block) on root.
+    in place when complete; or .parquet, .h5, .zarr; an :class:`Output`
+    adds its format's options), or a callable(start_row, block) on root.
     chunk_rows: rows per round (default: all at once). verify: recompute
     each round serially on root and compare bitwise (results then go to
     root). progress: True for a bar on stderr, or a callable(done_rows,

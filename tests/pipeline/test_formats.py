@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from spmd.errors import MissingExtraError, PipelineError, PipelineValueError, SourceError
-from spmd.pipeline.run import SyntheticTable, pipeline
+from spmd.pipeline.run import Output, SyntheticTable, pipeline
 from spmd.pipeline.sources import fingerprint, open_source
 
 from tests.pipeline.test_ranks import at_three
@@ -167,6 +167,33 @@ def test_each_zarr_chunk_is_written_whole_by_the_rank_that_owns_it(tmp_path, bal
     assert np.array_equal(out[:], _mlp(rows)) and res.checksum == serial.checksum
     assert _bytes(tmp_path / "one.zarr") == _bytes(tmp_path / "three.zarr")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.zarr", "one.zarr", "three.zarr"]
+
+
+@pytest.mark.unit
+def test_an_output_takes_its_formats_options_and_refuses_others_before_compute(tmp_path):
+    fixed = pipeline(_mlp, TABLE, output=Output(tmp_path / "g.parquet", row_group_rows=1200), chunk_rows=700)
+    meta = pq.ParquetFile(fixed.output).metadata
+    assert [meta.row_group(i).num_rows for i in range(meta.num_row_groups)] == [1200] * 4 + [200]
+    rounds = pipeline(_mlp, TABLE, output=Output(tmp_path / "r.parquet", row_group_rows="round"), chunk_rows=2000)
+    meta = pq.ParquetFile(rounds.output).metadata
+    assert [meta.row_group(i).num_rows for i in range(meta.num_row_groups)] == [2000, 2000, 1000]
+    chunked = pipeline(_mlp, TABLE, output=Output(tmp_path / "c.zarr", chunk_rows=500), chunk_rows=1200)
+    assert zarr.open_array(str(chunked.output), mode="r").chunks == (500, 4)
+    ran = []
+
+    def fn(block):
+        ran.append(1)
+        return _mlp(block)
+
+    for output, said in [(Output(tmp_path / "x.h5", row_group_rows=5), r"the HDF5 output takes no option "
+                          r"row_group_rows \(it takes: none\)"),
+                         (Output(tmp_path / "x.parquet", chunk_rows=5), r"takes no option chunk_rows \(it takes: "
+                          r"row_group_rows\)"),
+                         (Output(tmp_path / "x.parquet", row_group_rows=0), r"row_group_rows=0; give the rows"),
+                         (Output(tmp_path / "x.zarr", chunk_rows="big"), r"chunk_rows='big'; give the rows")]:
+        with pytest.raises(PipelineValueError, match=said):
+            pipeline(fn, TABLE, output=output)
+    assert ran == [] and sorted(p.name for p in tmp_path.iterdir()) == ["c.zarr", "g.parquet", "r.parquet"]
 
 
 @pytest.mark.unit

@@ -58,14 +58,20 @@ def test_three_ranks_read_and_write_every_format_in_parallel_under_every_balance
     for fmt, balance in zip(FORMATS, balances):
         given = write_input(tmp_path / f"in.{fmt}", rows)
         serial, par = tmp_path / f"serial.{fmt}", tmp_path / f"par.{fmt}"
-        args = ["--input", given, "--task", "mlp", "--chunk-rows", 3000]
+        args = ["--input", given, "--task", "mlp", "--chunk-rows", 3000,
+                *{"parquet": ["--row-group-rows", 5000], "zarr": ["--zarr-chunk-rows", 1000]}.get(fmt, [])]
         done = run([PY, job, *args, "--output", serial, "--quiet"], 120, env=clean_env())
         assert done.returncode == 0, done.stdout[-3000:]
         done = run([*cmd, job, *args, "--output", par, "--balance", balance], 200, env=env)
         assert done.returncode == 0, done.stdout[-3000:]
         assert "3 ranks" in done.stdout and "read parallel" in done.stdout, done.stdout[-3000:]
-        write = "write parallel" if fmt == "h5" else "write root"
+        write = "write root" if fmt == "parquet" else "write parallel"  # h5 at offsets, zarr by chunk owners
         assert write in done.stdout, (fmt, done.stdout[-3000:])
+        if fmt == "zarr":
+            assert zarr.open_array(str(par), mode="r").chunks == (1000, 4)
+            assert "shares and rounds end on the output's Zarr chunks of 1000 rows" in done.stdout
+        if fmt == "parquet":
+            assert [g.num_rows for g in map(pq.ParquetFile(par).metadata.row_group, range(4))] == [5000] * 4
         assert as_files(par) == as_files(serial), f"{fmt}, balance {balance}: the files differ"
         got = open_source(f"{par}:/data" if fmt == "h5" else par).read(0, 20_000)
         assert got.shape[0] == 20_000 and np.isfinite(got).all()

@@ -12,7 +12,7 @@ import contextlib
 import os
 import shutil
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 
@@ -30,14 +30,19 @@ ROW_GROUP_BYTES = 64 << 20
 
 
 class _Regroup:
-    """Write tables to a ParquetWriter in row groups of exactly group_rows rows (the last one shorter)."""
+    """Write tables to a ParquetWriter in row groups of exactly group_rows rows (the last one shorter), or
+    each table as one row group (group_rows None)."""
 
-    def __init__(self, writer: Any, group_rows: int) -> None:
+    def __init__(self, writer: Any, group_rows: Optional[int]) -> None:
         self.writer, self.group_rows = writer, group_rows
         self.pending: list[Any] = []
         self.count = 0
 
     def add(self, table: Any) -> None:
+        if self.group_rows is None:
+            if table.num_rows:
+                self.writer.write_table(table, row_group_size=table.num_rows)
+            return
         self.pending.append(table)
         self.count += table.num_rows
         if self.count >= self.group_rows:
@@ -62,7 +67,8 @@ class ParquetOutput:
     Root writes it.  Rows of one dimension make one column c0; rows of
     k values, k columns.  Row groups hold ``row_group_rows`` rows (default
     about :data:`ROW_GROUP_BYTES`), whatever the rounds: the same rows give
-    the same file.  A resumable run keeps each round as a file of
+    the same file; ``row_group_rows="round"`` makes each round a row group
+    (then the file follows chunk_rows and the balance's round ends).  A resumable run keeps each round as a file of
     ``<out>.partial/`` (synced before the journal records it) and joins
     them into the output at the end.
     """
@@ -73,8 +79,12 @@ class ParquetOutput:
     threaded = True
 
     def __init__(self, path: Any, rows: int, resume: bool = False, names: Optional[Sequence[str]] = None,
-                 row_group_rows: Optional[int] = None) -> None:
+                 row_group_rows: Union[int, str, None] = None) -> None:
         check_output(path)
+        if row_group_rows is not None and row_group_rows != "round" and (
+                isinstance(row_group_rows, bool) or not isinstance(row_group_rows, int) or row_group_rows < 1):
+            raise PipelineValueError(f"output {path}: row_group_rows={row_group_rows!r}; give the rows of a row "
+                                     "group (a whole number of at least 1) or 'round' (one row group per round)")
         self.path, self.rows, self.resume = Path(path), int(rows), resume
         self.partial = partial_path(self.path) if resume else None
         self.input_names = list(names) if names else None
@@ -97,7 +107,8 @@ class ParquetOutput:
         self.names = (self.input_names if self.input_names and len(self.input_names) == width
                       else [f"c{j}" for j in range(width)])
         self.row_bytes = self.dtype.itemsize * width
-        self.group_rows = self.row_group_rows or max(1, ROW_GROUP_BYTES // max(self.row_bytes, 1))
+        self.group_rows: Optional[int] = (None if self.row_group_rows == "round" else
+                                          self.row_group_rows or max(1, ROW_GROUP_BYTES // max(self.row_bytes, 1)))
 
     def _table(self, block: np.ndarray) -> Any:
         pa = need("pyarrow", "writing Parquet")

@@ -17,7 +17,7 @@ from typing import Any, NamedTuple, Optional
 
 import numpy as np
 
-from spmd.errors import PipelineError, SourceError
+from spmd.errors import PipelineError, PipelineValueError, SourceError
 from spmd.pipeline.formats.extra import need
 from spmd.pipeline.formats.names import is_zarr, split_array
 from spmd.pipeline.grid import Grid
@@ -152,8 +152,8 @@ class ZarrTicket(NamedTuple):
 class ZarrStore:
     """A Zarr output (format 3, zarr's default codecs): a new directory store of one array, rows along axis 0.
 
-    Its chunks hold a sixteenth of the rows (64 KiB to 4 MiB of input
-    rows), and the pipeline
+    Its chunks hold ``chunk_rows`` rows (default a sixteenth of the rows,
+    64 KiB to 4 MiB of input rows), and the pipeline
     ends every share and round on a chunk's edge (:meth:`grid`), so each
     chunk is written whole by the one rank whose rows it holds, in
     parallel (root alone with verify or write='root').  It is filled in
@@ -165,8 +165,13 @@ class ZarrStore:
     parallel = True
     threaded = True
 
-    def __init__(self, path: Any, rows: int, resume: bool = False) -> None:
+    def __init__(self, path: Any, rows: int, resume: bool = False, chunk_rows: Optional[int] = None) -> None:
         check_output(path)  # its directory exists and is writable; it is not a directory other than a store
+        if chunk_rows is not None and (isinstance(chunk_rows, bool) or not isinstance(chunk_rows, int)
+                                       or chunk_rows < 1):
+            raise PipelineValueError(f"output {path}: chunk_rows={chunk_rows!r}; give the rows of a chunk, "
+                                     "a whole number of at least 1")
+        self.given_chunk = chunk_rows
         self.path, self.rows, self.resume = Path(path), int(rows), resume
         self.partial = partial_path(self.path) if resume else None
         self.writer: Optional[ZarrRows] = None
@@ -179,7 +184,7 @@ class ZarrStore:
     def grid(self, in_row_bytes: int) -> Grid:
         """The store's chunk rows, from the input row's bytes; every share and round ends on them."""
         row = max(int(in_row_bytes), 1)
-        rows = min(CHUNK_BYTES // row, max(MIN_CHUNK_BYTES // row, -(-self.rows // 16)))
+        rows = self.given_chunk or min(CHUNK_BYTES // row, max(MIN_CHUNK_BYTES // row, -(-self.rows // 16)))
         self.chunk_rows = max(1, min(self.rows, rows))
         return Grid.of(self.chunk_rows, why=f"the output's Zarr chunks of {self.chunk_rows} rows")
 
