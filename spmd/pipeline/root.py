@@ -41,15 +41,15 @@ def task_name(fn, task):
 
 
 def grid_of(sink, src, in_row_bytes):
-    """Where shares and rounds may end: a Zarr output's chunks (each written by one rank), else a
-    chunked input's (each decoded by one), else any row (None)."""
-    for owner, args in ((sink, (in_row_bytes,)), (src, ())):
-        grid = getattr(owner, "grid", None)
-        if callable(grid):
-            made = grid(*args)
-            if not made.free:
-                return made
-    return None
+    """Where shares and rounds may end: a Zarr output's chunks (each written by one rank; by default the
+    input's chunks, where they are evenly spaced), else a chunked input's (each decoded by one), else any
+    row (None)."""
+    own = getattr(src, "grid", None)
+    given = own() if callable(own) else None
+    made = getattr(sink, "grid", None)
+    if callable(made):
+        return made(in_row_bytes, given)
+    return None if given is None or given.free else given
 
 
 class Root:

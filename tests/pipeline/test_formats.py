@@ -159,7 +159,7 @@ def test_each_zarr_chunk_is_written_whole_by_the_rank_that_owns_it(tmp_path, bal
     res = results[0]
     out = zarr.open_array(str(tmp_path / "three.zarr"), mode="r")
     step = out.chunks[0]
-    assert step == 3750  # a sixteenth of the rows, from the input alone: the same chunks at any world size
+    assert step == 1000  # the input's chunks, kept: the same at any world size
     assert res.write_mode == "parallel" and res.read_mode == "parallel"
     # every share and round ends on a chunk's edge: no chunk is cut, so no two ranks write one
     assert all(n % step == 0 for n in res.rows_per_rank) and sum(n > 0 for n in res.rows_per_rank) >= 2, \
@@ -179,6 +179,8 @@ def test_an_output_takes_its_formats_options_and_refuses_others_before_compute(t
     assert [meta.row_group(i).num_rows for i in range(meta.num_row_groups)] == [2000, 2000, 1000]
     chunked = pipeline(_mlp, TABLE, output=Output(tmp_path / "c.zarr", chunk_rows=500), chunk_rows=1200)
     assert zarr.open_array(str(chunked.output), mode="r").chunks == (500, 4)
+    plain = pipeline(_mlp, TABLE, output=str(tmp_path / "d.zarr"), chunk_rows=1200)  # an array: no chunks to keep
+    assert zarr.open_array(str(plain.output), mode="r").chunks == (65536 // 24, 4)  # 64 KiB of input rows
     ran = []
 
     def fn(block):
@@ -193,7 +195,7 @@ def test_an_output_takes_its_formats_options_and_refuses_others_before_compute(t
                          (Output(tmp_path / "x.zarr", chunk_rows="big"), r"chunk_rows='big'; give the rows")]:
         with pytest.raises(PipelineValueError, match=said):
             pipeline(fn, TABLE, output=output)
-    assert ran == [] and sorted(p.name for p in tmp_path.iterdir()) == ["c.zarr", "g.parquet", "r.parquet"]
+    assert ran == [] and sorted(p.name for p in tmp_path.iterdir()) == ["c.zarr", "d.zarr", "g.parquet", "r.parquet"]
 
 
 @pytest.mark.unit

@@ -68,7 +68,7 @@ def test_three_ranks_read_and_write_every_format_in_parallel_under_every_balance
         write = "write root" if fmt == "parquet" else "write parallel"  # h5 at offsets, zarr by chunk owners
         assert write in done.stdout, (fmt, done.stdout[-3000:])
         if fmt == "zarr":
-            assert zarr.open_array(str(par), mode="r").chunks == (1000, 4)
+            assert zarr.open_array(str(par), mode="r").chunks == (1000, 8)
             assert "shares and rounds end on the output's Zarr chunks of 1000 rows" in done.stdout
         if fmt == "parquet":
             assert [g.num_rows for g in map(pq.ParquetFile(par).metadata.row_group, range(4))] == [5000] * 4

@@ -154,7 +154,11 @@ class ParquetSource:
         return out
 
     def grid(self) -> Grid:
-        """Row group starts: a share edge there decodes no group twice."""
+        """Row group starts: a share edge there decodes no group twice (every k rows where the groups are
+        all k rows but the last)."""
+        sizes = [n for _, _, n in self.groups]
+        if len(sizes) > 1 and len(set(sizes[:-1])) == 1 and sizes[-1] <= sizes[0]:
+            return Grid.of(sizes[0], why=f"the input's Parquet row groups of {sizes[0]} rows")
         return Grid.of(edges=[int(x) for x in self.starts], why="the input's Parquet row groups")
 
     def identity(self) -> str:

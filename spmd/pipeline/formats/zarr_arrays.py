@@ -25,7 +25,7 @@ from spmd.pipeline.sinks import check_output, partial_path
 from spmd.util.atomic import fsync_dir, temporary_name
 
 __all__ = ["ZarrSource", "ZarrStore", "ZarrRows", "ZarrTicket", "split_array", "is_zarr", "arrays_in",
-           "CHUNK_BYTES", "MIN_CHUNK_BYTES"]
+           "CHUNK_BYTES", "MIN_CHUNK_BYTES", "MAX_LIKE_BYTES"]
 
 
 def arrays_in(group: Any) -> list[str]:
@@ -93,11 +93,14 @@ class ZarrSource:
         return f"<ZarrSource {self.store}{':/' + self.name if self.name else ''} {self.shape} {self.dtype}>"
 
 
-#: An output's chunk holds a sixteenth of the rows, but at least MIN_CHUNK_BYTES and at most CHUNK_BYTES of
-#: input rows (whole rows; set by the input's rows and row size alone, so the store's chunking, and with it
-#: its bytes, are the same at every world size, chunk_rows and balance).
+#: An output's chunk holds the input's chunk rows (Zarr, HDF5 chunks or Parquet row groups, evenly spaced),
+#: else a sixteenth of the rows, but at least MIN_CHUNK_BYTES and at most CHUNK_BYTES of input rows (whole
+#: rows; set by the input alone, so the store's chunking, and with it its bytes, are the same at every
+#: world size, chunk_rows and balance).
 CHUNK_BYTES = 4 << 20
 MIN_CHUNK_BYTES = 64 << 10
+#: A chunked input's chunks are kept by a Zarr output up to this many bytes of input rows a chunk.
+MAX_LIKE_BYTES = 64 << 20
 #: The file in a store being written that holds root's mark (removed before the store is put in place).
 MARK = ".spmd-mark"
 
@@ -152,8 +155,8 @@ class ZarrTicket(NamedTuple):
 class ZarrStore:
     """A Zarr output (format 3, zarr's default codecs): a new directory store of one array, rows along axis 0.
 
-    Its chunks hold ``chunk_rows`` rows (default a sixteenth of the rows,
-    64 KiB to 4 MiB of input rows), and the pipeline
+    Its chunks hold ``chunk_rows`` rows (default: the input's chunks, or a
+    sixteenth of the rows, 64 KiB to 4 MiB of input rows), and the pipeline
     ends every share and round on a chunk's edge (:meth:`grid`), so each
     chunk is written whole by the one rank whose rows it holds, in
     parallel (root alone with verify or write='root').  It is filled in
@@ -181,10 +184,17 @@ class ZarrStore:
         self.row_bytes = 0
         self.chunk_rows = max(1, self.rows)
 
-    def grid(self, in_row_bytes: int) -> Grid:
-        """The store's chunk rows, from the input row's bytes; every share and round ends on them."""
+    def grid(self, in_row_bytes: int, like: Optional[Grid] = None) -> Grid:
+        """The store's chunk rows: chunk_rows if given, else the input's chunks (like) where evenly spaced
+        and at most MAX_LIKE_BYTES of input rows, else a sixteenth of the rows within MIN_CHUNK_BYTES and
+        CHUNK_BYTES of input rows; every share and round ends on them."""
         row = max(int(in_row_bytes), 1)
-        rows = self.given_chunk or min(CHUNK_BYTES // row, max(MIN_CHUNK_BYTES // row, -(-self.rows // 16)))
+        if self.given_chunk:
+            rows = self.given_chunk
+        elif like is not None and not like.edges and 1 < like.step and like.step * row <= MAX_LIKE_BYTES:
+            rows = like.step
+        else:
+            rows = min(CHUNK_BYTES // row, max(MIN_CHUNK_BYTES // row, -(-self.rows // 16)))
         self.chunk_rows = max(1, min(self.rows, rows))
         return Grid.of(self.chunk_rows, why=f"the output's Zarr chunks of {self.chunk_rows} rows")
 
