@@ -168,7 +168,7 @@ class Planner:
 
     def plan(self, rows_left, start=0):
         """Return the per-rank row counts of the round from row start (their sum is the round's rows)."""
-        n = min(self.chunk, rows_left)
+        n = min(self.chunk if self.grid is None else self.grid.round_rows(self.chunk, self.size), rows_left)
         self.planned += 1
         if self.mode == "speed" and self.planned <= IN_FLIGHT:
             n = min(n, max(self.chunk // PROBE, self.size))

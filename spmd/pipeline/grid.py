@@ -7,6 +7,7 @@ ranks.  :class:`Grid` holds those edges (a step, or a list) and
 :meth:`Grid.align` moves a round's planned shares onto them.  Moving an
 edge changes a share by less than one chunk; the output does not
 depend on the shares, only on the rows (docs/pipeline.md, "Balance").
+A round holds at least one chunk per rank.
 """
 
 from __future__ import annotations
@@ -48,6 +49,11 @@ class Grid:
             i = bisect.bisect_left(self.edges, x)
             return self.edges[i] if i < len(self.edges) else None
         return -(-x // self.step) * self.step
+
+    def round_rows(self, chunk: int, size: int) -> int:
+        """A round's rows: chunk, but at least one chunk of the grid per rank (a round of fewer chunks than
+        ranks would leave some ranks nothing to do)."""
+        return max(chunk, self.step * size) if not self.edges else chunk
 
     def nearest(self, x: int, lo: int, hi: int) -> int:
         """The edge nearest x within lo to hi (x itself where none is; the lower on a tie)."""

@@ -55,6 +55,9 @@ def test_the_planner_keeps_its_balance_on_the_grid():
         start += sum(shares)
     assert start == 20000 and rounds[0] == [2000, 2000], rounds  # 4500 rows a round: 4000, on the grid
     assert all(sum(s) % 1000 == 0 for s in rounds) and all(s[0] % 1000 == 0 for s in rounds), rounds
+    few = Planner("even", 3, 1000, 64, grid=grid)  # rounds of 1000 rows: one chunk; grown to one per rank
+    assert few.plan(10000, 0) == [1000, 1000, 1000]
+    assert few.plan(1500, 8500) == [500, 0, 1000]  # the last rows: 8500 to 9000 is the rest of a chunk
     fast = Planner("speed", 2, 8000, 64, grid=grid)
     assert fast.plan(20000, 0) == fast.plan(18000, 2000) == [1000, 1000]  # the probes: 8000 // 4 rows
     fast.observe([1000, 1000], [1.0, 3.0])  # rank 0 three times as fast
