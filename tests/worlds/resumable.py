@@ -15,6 +15,7 @@ import time
 import numpy as np
 
 from spmd import comm
+from spmd.pipeline.grid import ANY_ROW
 from spmd.pipeline.run import SyntheticTable, open_source, pipeline
 from spmd.pipeline.sources import fingerprint
 
@@ -53,6 +54,10 @@ class CountedFile:
 
     def identity(self):
         return self.inner.identity()
+
+    def grid(self):  # the file's chunk edges, as the file itself gives them (a Zarr output keeps them)
+        own = getattr(self.inner, "grid", None)
+        return own() if callable(own) else ANY_ROW
 
     def fingerprint(self):  # the journal's, read from the file itself: not counted
         return fingerprint(self.inner)
