@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
 from spmd.errors import PipelineError, PipelineJournalError, PipelineTypeError, PipelineValueError
 from spmd.pipeline.balance import MODES as BALANCES
+from spmd.pipeline.formats.extra import warm
+from spmd.pipeline.formats.names import libraries
 from spmd.pipeline.journal import journal_path
 from spmd.pipeline.outputs import Output
 from spmd.pipeline.plan import Options
@@ -120,6 +122,8 @@ def pipeline(fn: Callable[[Any], Any], source: Any, *, output: Any = None, chunk
     _choice("balance", balance, BALANCES)
     options = Options(read=read, write=write, balance=balance, memory=memory, verify=verify, overlap=overlap)
     lap = Laps()
+    # every rank imports the formats' libraries while root opens the input (not one after the other)
+    warm(comm.broadcast_object(libraries(source, output) if comm.rank == root else None, root))
     books = Root(comm, fn, options, lap) if comm.rank == root else None
     reply = comm.broadcast_object(books and books.open(source, output, chunk_rows, progress, read, resume, task),
                                   root)

@@ -303,3 +303,17 @@ def test_verify_recomputes_every_round_of_each_format(tmp_path, out):
     assert results[0].write_mode == "root"  # verify: the rows come to root
     assert np.array_equal(open_source(str(tmp_path / out) + (":/data" if out.endswith(".h5") else "")).read(0, 5000),
                           _mlp(TABLE))
+
+
+@pytest.mark.unit
+def test_the_libraries_a_run_will_import_are_named_from_its_paths_alone(tmp_path):
+    from spmd.pipeline.formats.names import libraries
+
+    store = tmp_path / "plain"  # a store by its metadata, not its name
+    zarr.create_array(store=str(store), shape=(4,), dtype="float32")
+    (tmp_path / "ds").mkdir()
+    (tmp_path / "ds" / "part0.parquet").write_bytes(b"")
+    assert libraries(str(store), Output(tmp_path / "o.h5")) == ["h5py", "zarr"]
+    assert libraries([str(tmp_path / "a.pq"), tmp_path / "b.pq"], "f.hdf5:/x/y") == ["h5py", "pyarrow.parquet"]
+    assert libraries(tmp_path / "ds", None) == ["pyarrow.parquet"]
+    assert libraries(TABLE, lambda: 1, "a.npy", str(tmp_path / "missing" / "x.csv"), tmp_path / "nope") == []

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import importlib
+import threading
 from types import ModuleType
 
 from spmd.errors import MissingExtraError
 
-__all__ = ["need", "PACKAGES"]
+__all__ = ["need", "warm", "PACKAGES"]
 
 #: The PyPI package that provides each module the formats import.
 PACKAGES = {"pyarrow": "pyarrow", "pyarrow.parquet": "pyarrow", "h5py": "h5py", "zarr": "zarr"}
@@ -22,3 +23,17 @@ def need(module: str, purpose: str) -> ModuleType:
         raise MissingExtraError(
             f"{purpose} needs the {package} package, which cannot be imported here ({exc}): "
             f"pip install 'spmd[formats]' (bin/setup installs it) on every host the job runs on") from None
+
+
+def warm(modules: list[str]) -> None:
+    """Start importing modules in a thread (a format library takes 0.3-0.5 s): a rank that would import
+    one only after rank 0 opened the input does it meanwhile.  A missing one is said later, by need."""
+    def load() -> None:
+        for module in modules:
+            try:
+                importlib.import_module(module)
+            except Exception:
+                pass
+
+    if modules:
+        threading.Thread(target=load, name="spmd-pipeline-imports", daemon=True).start()

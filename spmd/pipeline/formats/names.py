@@ -12,7 +12,7 @@ from typing import Any, Optional
 
 from spmd.errors import SourceError
 
-__all__ = ["PARQUET", "HDF5", "split_dataset", "split_array", "has_metadata", "is_zarr"]
+__all__ = ["PARQUET", "HDF5", "split_dataset", "split_array", "has_metadata", "is_zarr", "libraries"]
 
 #: The endings of Parquet files.
 PARQUET = (".parquet", ".pq")
@@ -52,3 +52,32 @@ def is_zarr(path: Any) -> bool:
     """Whether path (its part before ``:/``) names a Zarr store: a .zarr name, or a directory with its metadata."""
     where = Path(split_array(path)[0])
     return where.suffix == ".zarr" or has_metadata(where)
+
+
+def libraries(*specs: Any) -> list[str]:
+    """The format libraries the paths among specs will import (by their names; a directory by its
+    metadata or its first entries), for ranks to import them early; anything else names none."""
+    found: list[str] = []
+    for spec in specs:
+        spec = getattr(spec, "path", spec)  # spmd.pipeline.outputs.Output
+        items = spec if isinstance(spec, (list, tuple)) and all(isinstance(p, (str, os.PathLike)) for p in spec) \
+            else [spec]
+        for item in items:
+            if isinstance(item, (str, os.PathLike)):
+                try:
+                    found += _library(item)
+                except (OSError, ValueError, SourceError):  # a guess only: the source's open says what is wrong
+                    pass
+    return sorted(set(found))
+
+
+def _library(item: Any) -> list[str]:
+    path = Path(split_array(split_dataset(item)[0])[0])
+    if split_dataset(item)[1] is not None or path.suffix in HDF5:
+        return ["h5py"]
+    if is_zarr(item):
+        return ["zarr"]
+    first = [p for _, p in zip(range(64), path.iterdir())] if path.is_dir() else []
+    if path.suffix in PARQUET or any(p.suffix in PARQUET for p in first):
+        return ["pyarrow.parquet"]
+    return []
