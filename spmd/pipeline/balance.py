@@ -134,11 +134,11 @@ class Planner:
     """Each round's rows and shares, from the ranks' reports of the rounds before.
 
     budgets: each rank's bytes for the pipeline's rows (None: no caps).
-    in_row_bytes: bytes per input row; grid: where the edges may fall
-    (a chunk's rows move a share by less than a chunk, past a memory cap
-    too). Call :meth:`plan` for a round's
-    shares and :meth:`observe` with every rank's (rows, seconds) once a
-    round is done, in the same order on every rank.
+    in_row_bytes: bytes per input row. grid (spmd.pipeline.grid, or None):
+    where shares and rounds may end; moving an edge onto it changes a share
+    by less than a chunk, past a memory cap too. Call :meth:`plan` for a
+    round's shares and :meth:`observe` with every rank's (rows, seconds)
+    once a round is done, in the same order on every rank.
     """
 
     def __init__(self, mode, size, chunk, in_row_bytes, budgets=None, grid=None):

@@ -20,6 +20,7 @@ from datetime import timedelta
 import torch.distributed as dist
 
 from spmd.errors import CommunicationError
+from spmd.failfast.calls import first_line
 
 __all__ = ["ATTEMPTS", "make_groups"]
 
@@ -34,7 +35,7 @@ def _make(groups, timeout):
         try:
             group = dist.new_group(ranks, timeout=timedelta(seconds=timeout), sort_ranks=False)
         except (RuntimeError, dist.DistError) as exc:  # the others are still made, so the names stay in step
-            error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+            error = f"{type(exc).__name__}: {first_line(exc)}"
             continue
         if group not in (None, dist.GroupMember.NON_GROUP_MEMBER):
             mine = group
