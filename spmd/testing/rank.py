@@ -10,7 +10,9 @@ directory, pytest's setup, call and teardown, each phase's report sent as
 it is made.  The server ends the world after any test that did not pass
 on every rank, and at the end of the session; the rank leaves with
 os._exit.  A thread answers the server's request for where this rank is
-(spmd.failfast.report.where).
+(spmd.failfast.report.where).  A rank starts a test's body only when the
+server says every rank has its communicator ("ready", then "go"), so a
+test that kills one rank at once cannot cut another's setup short.
 """
 
 from __future__ import annotations
@@ -31,7 +33,10 @@ from spmd.testing.frames import hide_spmd_frames
 from spmd.testing.tmp import share
 from spmd.testing.marks import COMM
 
-__all__ = ["run", "Ticket"]
+__all__ = ["run", "Ticket", "INTERNAL"]
+
+#: The first line of what a rank writes to its crash file when spmd's own code here failed (exit status 70).
+INTERNAL = "spmd's pytest rank failed in its own code (a bug of spmd's: please report it):"
 
 
 class Ticket:
@@ -50,6 +55,7 @@ class _Channel:
         self.sock, self.rank, self.path = sock, rank, ""
         self._lock = threading.Lock()
         self.tests: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        self.go = threading.Event()  # the server's word that every rank of the test is ready
         self._monitors: list[Any] = []
         threading.Thread(target=self._answer, name="spmd-pytest-rank", daemon=True).start()
 
@@ -68,6 +74,8 @@ class _Channel:
             if request == "leave":
                 self.tests.put(None)
                 return
+            if request == "go":
+                self.go.set()
             if request == "where":
                 try:
                     self.send({"where": dict(where(self.rank, self._monitors), stack=self._stack())})
@@ -127,20 +135,20 @@ class _Rank:
         item = self.items[request["test"]]
         following = self.items.get(request["next"]) if request.get("next") else None
         self.channel.path = str(item.path)
-        if self.world is None:
-            started = CallInfo.from_call(lambda: _start(self.ticket), "setup")
-            if started.excinfo is not None:  # the world did not start: a setup error of this rank
-                self.report(item, item.ihook.pytest_runtest_makereport(item=item, call=started))
-                return
-            self.world = started.result
-            self.channel.watch(self.world)
+        self.channel.go.clear()
+        prepared = CallInfo.from_call(lambda: self._prepare(request.get("fresh", True)), "setup")
+        if prepared.excinfo is not None:  # no world or no communicator: a setup error of this rank
+            self.report(item, item.ihook.pytest_runtest_makereport(item=item, call=prepared))
+            return
+        self.channel.send({"ready": True})
+        self.channel.go.wait()
+        own = prepared.result
         config = item.config
         state = item.session._setupstate
         try:
             state.teardown_exact(item)  # what an earlier test of another module left set up here
         except BaseException:
             pass
-        own = self._own(request.get("fresh", True))
         undo = share(config, Path(request["base"]))
         config.stash[COMM] = own
         hide_spmd_frames(item)
@@ -153,6 +161,13 @@ class _Rank:
         finally:
             del config.stash[COMM]
             undo()
+
+    def _prepare(self, fresh: bool) -> Any:
+        """The world (started for the first test) and the test's communicator."""
+        if self.world is None:
+            self.world = _start(self.ticket)
+            self.channel.watch(self.world)
+        return self._own(fresh)
 
     def _own(self, fresh: bool) -> Any:
         """The test's communicator: split afresh after a test that may have left a message or a group on it."""
@@ -198,8 +213,8 @@ def run(items: dict[str, Any], config: Any, ticket: Ticket, sock: socket.socket)
         me.leave()
     except BaseException:  # spmd's own failure here: the server reports the status and this text
         try:
-            sys.__stderr__.write(f"spmd pytest rank {ticket.rank}: internal error\n" + traceback.format_exc())
-            sys.__stderr__.flush()
+            with open(ticket.base / f".rank{ticket.rank}.crash", "a") as crash:
+                crash.write(f"{INTERNAL}\n" + traceback.format_exc())
         except Exception:
             pass
         code = 70

@@ -2,7 +2,8 @@
 
 A ``World`` of n ranks, forked for the first test of n ranks (and that
 timeout), runs the next ones of that size while each passes on every rank;
-one that does not ends it, and the next gets fresh ranks.  What ends a test
+one that does not ends it, and the next gets fresh ranks; the body starts
+once every rank said it has its communicator.  What ends a test
 (docs/testing-your-code.md, "Faults"):
 
 - every rank has sent its reports: the test is over;
@@ -50,6 +51,7 @@ class _Rank:
         self.rank, self.pid, self.sock = rank, pid, sock
         self.reports: list[dict[str, Any]] = []
         self.finished = False  # sent every report and waits to leave
+        self.ready = False  # has its communicator and waits for the word to start the test's body
         self.gone = False  # its socket closed: exited or killed
         self.status: int | None = None  # os.waitstatus_to_exitcode, once reaped
         self.where: dict[str, Any] | None = None
@@ -70,7 +72,7 @@ class _Rank:
         return any(r.get("outcome") == "failed" for r in self.reports)
 
     def next_test(self) -> None:
-        self.reports, self.finished, self.where, self.stopped = [], False, None, None
+        self.reports, self.finished, self.where, self.stopped, self.ready = [], False, None, None, False
         self.dirty = self.world_dirty = True  # until the rank says otherwise
 
 
@@ -124,6 +126,7 @@ class _Watch:
             if not r.gone:
                 self.sel.register(r.sock, selectors.EVENT_READ, r)
         self.first_failure: float | None = None
+        self.started = False  # whether the ranks were told to start the test's body
         self.why: str | None = None
         self.stacks: str | None = None
 
@@ -136,6 +139,7 @@ class _Watch:
             _reap(r)
             if not r.finished and r.stopped is None and self.first_failure is None:
                 self.first_failure = now
+            self._start_if_ready()
             return
         if "report" in message:
             r.reports.append(message["report"])
@@ -146,6 +150,21 @@ class _Watch:
             r.dirty, r.world_dirty = message.get("dirty", True), message.get("world_dirty", True)
         elif "where" in message:
             r.where = message["where"]
+        elif "ready" in message:
+            r.ready = True
+        self._start_if_ready()
+
+    def _start_if_ready(self) -> None:
+        """Once every rank is ready (or has ended), tell the ready ones to start the test's body."""
+        if self.started or not all(r.ready or r.gone or r.finished for r in self.ranks):
+            return
+        self.started = True
+        for r in self.ranks:
+            if r.ready and not r.gone:
+                try:
+                    wire.send(r.sock, "go")
+                except OSError:
+                    pass
 
     def _pump(self, until: float) -> None:
         now = time.monotonic()
@@ -247,6 +266,8 @@ def _crash_text(base: Path, rank: int) -> str:
         text = (base / f".rank{rank}.crash").read_text()
     except OSError:
         return ""
+    if rank_.INTERNAL in text:
+        return text[text.index(rank_.INTERNAL):].rstrip()
     lines = text.splitlines()
     head = [ln for ln in lines[:1] if ln.startswith("Fatal Python error")]
     try:

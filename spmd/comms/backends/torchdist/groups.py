@@ -48,13 +48,17 @@ def _outcomes(parent, store, tag, error, timeout):
         return parent.all_gather_object(error)
     store.set(f"{tag}/{parent.rank}", (error or "").encode())
     keys = [f"{tag}/{r}" for r in range(parent.size)]
-    try:
-        store.wait(keys, timedelta(seconds=2 * timeout))
+    usual = store.timeout
+    store.set_timeout(timedelta(seconds=2 * timeout))
+    try:  # one request, answered when the last rank has said: no rank reads the store after another left
+        said = store.multi_get(keys)
     except (RuntimeError, dist.DistError) as exc:
         raise CommunicationError(
-            f"rank {parent.rank}: split waited {2 * timeout:g} s for the other ranks to say whether their "
+            f"rank {parent.rank}: split did not learn within {2 * timeout:g} s whether the other ranks' "
             f"communicators connected ({exc}); a rank may have died") from None
-    return [store.get(key).decode() or None for key in keys]
+    finally:
+        store.set_timeout(usual)
+    return [value.decode() or None for value in said]
 
 
 def make_groups(parent, store, tag, groups, timeout):
