@@ -47,6 +47,9 @@ __all__ = [
     "BenchError",
     "BenchArgumentError",
     "MarkerError",
+    "SessionError",
+    "Session",
+    "load_ipython_extension",
 ]
 
 from spmd.runtime.proxy import comm
@@ -70,6 +73,7 @@ from spmd.errors import (  # every error spmd raises: the tree under SpmdError
     PipelineValueError,
     PlacementError,
     RendezvousError,
+    SessionError,
     SettingsError,
     SourceError,
     SourceTypeError,
@@ -85,9 +89,24 @@ if TYPE_CHECKING:  # imported on first use at run time (__getattr__), so `import
     from spmd import data_parallel, pipeline, preempt, tasks
     from spmd.comms.base import Comm
     from spmd.comms.handle import Handle
+    from spmd.interactive.session import Session
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """``%load_ext spmd`` in IPython or Jupyter: the ``%spmd`` magics (docs/interactive.md)."""
+    try:
+        from spmd.interactive.magic import load
+    except ImportError as exc:  # IPython itself is there: what is missing is the extra's
+        raise MissingExtraError(f"the %spmd magic needs {exc.name or 'ipykernel'}: pip install 'spmd[interactive]' "
+                                "(bin/setup installs it)") from None
+    load(ipython)
 
 
 def __getattr__(name: str) -> Any:
+    if name == "Session":
+        from spmd.interactive.session import Session
+
+        return Session
     if name in ("Comm", "Handle"):
         from spmd.comms import base
 

@@ -35,6 +35,7 @@ __all__ = [
     "BenchError",
     "BenchArgumentError",
     "MarkerError",
+    "SessionError",
     "PEER_LOST",
     "is_peer_lost",
 ]
@@ -146,6 +147,10 @@ class BenchArgumentError(BenchError, ValueError):
 
 class MarkerError(SpmdError, ValueError):
     """A test's ``@pytest.mark.spmd`` asks for what cannot run (spmd's pytest plugin, docs/testing-your-code.md)."""
+
+
+class SessionError(SpmdError):
+    """An interactive session (``spmd repl``, the ``%spmd`` magic) could not do what was asked."""
 
 
 #: Words of backend errors that mean a peer vanished or closed its connection.

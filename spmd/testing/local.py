@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from spmd.testing import wire
+from spmd.util import wire
 from spmd.testing.marks import size_of, spec_of
 from spmd.testing.merge import merge, synthetic
 from spmd.testing.watch import ASK, GRACE, MARGIN

@@ -28,7 +28,7 @@ from typing import Any, NoReturn
 
 from spmd.failfast.report import where
 from spmd.launch.supervise import child_env
-from spmd.testing import wire
+from spmd.util import wire
 from spmd.testing.frames import hide_spmd_frames
 from spmd.testing.tmp import share
 from spmd.testing.marks import COMM

@@ -22,7 +22,7 @@ import pytest
 
 from spmd.launch.forkserver.process import die_with, end_now
 from spmd.launch.forkserver.safety import probe
-from spmd.testing import wire
+from spmd.util import wire
 
 __all__ = ["main", "Serving", "PRELOAD"]
 

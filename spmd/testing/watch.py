@@ -30,7 +30,7 @@ from typing import Any
 from spmd.launch.forkserver.process import die_with, flush_std
 from spmd.runtime import secret as job_secret
 from spmd.testing import rank as rank_
-from spmd.testing import wire
+from spmd.util import wire
 
 __all__ = ["World", "GRACE", "MARGIN", "ASK"]
 

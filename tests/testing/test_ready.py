@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from spmd.testing import wire
+from spmd.util import wire
 from spmd.testing.watch import _Rank, _Watch
 
 pytestmark = pytest.mark.unit

@@ -1,7 +1,9 @@
-"""Messages between the plugin's processes: one pickled object per length-prefixed frame.
+"""Messages between spmd's own processes: one pickled object per length-prefixed frame.
 
-Only between processes of one pytest session, over socketpairs they
-inherit (never a listening socket), so unpickling trusts its peer.
+The pytest plugin's processes and an interactive session's use it, over
+socketpairs they inherit, or over connections that first proved they
+know the session's secret (spmd.interactive.handshake): unpickling
+trusts its peer, so nothing else may send here.
 """
 
 from __future__ import annotations
