@@ -64,11 +64,13 @@ class LaunchedHost(Host):
         return {"started": self.size, "seconds": time.monotonic() - began}
 
     def end(self) -> None:
-        """Close every rank's connection: each rank then leaves (its launcher cannot restart it)."""
-        for r in self.ranks:
-            if not r.gone:
-                r.sock.close()
-                r.ended = "was ended with the session"
+        """The world has ended (a rank died): the session ends too, once the prompt has said why.
+
+        The connections stay open until rank 0 exits (the launcher then ends
+        every rank): an engine whose connection closed would exit at once,
+        rank 0's own before its prompt could say anything.
+        """
+        self.fatal = True
 
     def restart(self, why: str | None = None) -> dict[str, Any]:
         if why:
@@ -79,6 +81,8 @@ class LaunchedHost(Host):
 
     def serve(self) -> None:
         super().serve()
+        if self.fatal:
+            return
         for r in self.ranks:  # the session is over: every engine leaves its loop
             if not r.gone:
                 try:

@@ -69,7 +69,7 @@ class Session:
         reply = self._wait()
         if "error" in reply:
             self.stop()
-            raise SessionError(reply["error"])
+            raise SessionError(reply["error"].removeprefix("spmd: "))
 
     @classmethod
     def attached(cls, sock: Any, size: int, timeout: float | None = None) -> Session:
@@ -79,7 +79,7 @@ class Session:
         self._sock, self._send_lock, self.interrupts, self._proc = sock, threading.Lock(), 0, None
         reply = self._wait()
         if "error" in reply:
-            raise SessionError(reply["error"])
+            raise SessionError(reply["error"].removeprefix("spmd: "))
         self.started_in = float(reply["seconds"])
         return self
 
@@ -96,8 +96,8 @@ class Session:
                 continue
             if reply is None:
                 status = None if self._proc is None else self._proc.poll()
-                raise SessionError(f"the session's host has ended ({'status ' + str(status) if status is not None else 'its socket closed'}); "
-                                   "start a new session")
+                how = f"status {status}" if status is not None else "its socket closed"
+                raise SessionError(f"the session's host has ended ({how}); start a new session")
             return reply
 
     def interrupt(self) -> None:
@@ -139,7 +139,7 @@ class Session:
         """The value of name on every rank (or ranks), in rank order."""
         reply = self._ask({"op": "pull", "name": name, "ranks": self._ranks(ranks)})
         if reply.get("error"):
-            raise SessionError(reply["error"])
+            raise SessionError(reply["error"].removeprefix("spmd: "))
         if reply["errors"]:
             first = min(reply["errors"])
             raise SessionError(f"cannot pull {name!r} from rank(s) {label(sorted(reply['errors']))}: "
@@ -154,7 +154,7 @@ class Session:
             raise SessionError(f"cannot send {sorted(values)} to the ranks: {type(exc).__name__}: {exc}") from None
         reply = self._ask({"op": "push", "values": data, "ranks": self._ranks(ranks)})
         if reply.get("error"):
-            raise SessionError(reply["error"])
+            raise SessionError(reply["error"].removeprefix("spmd: "))
 
     def restart(self) -> float:
         """End the ranks and start as many fresh ones; return the seconds it took."""
@@ -165,7 +165,7 @@ class Session:
             return time.monotonic() - began
         reply = self._ask({"op": "restart"})
         if "error" in reply:
-            raise SessionError(reply["error"])
+            raise SessionError(reply["error"].removeprefix("spmd: "))
         return float(reply["seconds"])
 
     def stop(self) -> None:

@@ -70,10 +70,11 @@ def test_start_cells_rich_values_pull_and_push(kernel):
     assert status == "ok" and "spmd: 4 ranks (gloo) started in" in text
     assert kernel.text("%%spmd\nimport numpy as np\nx = comm.rank\nprint('same')\ncomm.all_reduce(np.ones(1) * x)") \
         == ("ok", "[0-3] same\n[0-3] array([6.])\n")
-    status, out = kernel.cell("%%spmd --ranks 0\nclass T:\n    def _repr_html_(self):\n        return '<b>rank0</b>'\nT()")
+    status, out = kernel.cell("%%spmd --ranks 0\nclass T:\n    def _repr_html_(self):\n"
+                              "        return '<b>rank0</b>'\nT()")
     assert status == "ok" and out[0][0] == "display_data" and out[0][1]["text/html"] == "<b>rank0</b>"
-    status, out = kernel.cell("%%spmd --ranks 1\nimport matplotlib\nmatplotlib.use('Agg')\nimport matplotlib.pyplot as plt\n"
-                              "plt.plot([1, 2, 3]);")
+    status, out = kernel.cell("%%spmd --ranks 1\nimport matplotlib\nmatplotlib.use('Agg')\n"
+                              "import matplotlib.pyplot as plt\nplt.plot([1, 2, 3]);")
     assert status == "ok" and [kind for kind, _ in out] == ["display_data"] and "image/png" in out[0][1]
     assert kernel.text("%spmd pull x") == ("ok", "[0, 1, 2, 3]\n")
     assert kernel.cell("mine = {'k': 3}\n%spmd push z=mine['k'] * 2")[0] == "ok"
