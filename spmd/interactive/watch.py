@@ -84,6 +84,7 @@ class Watch:
         self.start = time.monotonic()
         self.stop_by: float | None = None  # when interrupted ranks must have answered
         self.died: list[Rank] = []
+        self.extended = False  # the ranks were given GRACE once more (busy in Python, slow to stop)
 
     def pending(self) -> list[Rank]:
         return [r for r in self.targets if r.rank not in self.results and not r.gone]
@@ -96,7 +97,13 @@ class Watch:
                 self._timed_out()
                 continue
             if self.stop_by is not None and now >= self.stop_by:
-                return self._stuck()
+                said = self._ask(self.pending())
+                if not self.pending():  # the last ones answered meanwhile
+                    continue
+                if self._slow(said):  # busy in Python, not inside a call: only slow to stop (a loaded host)
+                    self.stop_by = time.monotonic() + GRACE
+                    continue
+                return self._stuck(said)
             wake = [t for t in (deadline if self.stop_by is None else None, self.stop_by) if t is not None]
             self._pump(min(wake) - now if wake else None)
         return self._finish()
@@ -166,12 +173,18 @@ class Watch:
                                        f"the block did not finish within its timeout of {self.timeout:g} s"))
         self._interrupt(None)  # the report said why
 
-    def _stuck(self) -> dict[str, Any]:
+    def _slow(self, said: dict[int, dict[str, Any]]) -> bool:
+        """Whether the ranks still running get GRACE more: once, none inside a call, none dead."""
+        if self.extended or self.died or not self.pending():
+            return False
+        self.extended = True
+        return all(r.rank in said and not said[r.rank].get("call") for r in self.pending())
+
+    def _stuck(self, said: dict[int, dict[str, Any]]) -> dict[str, Any]:
         """Ranks that did not stop: say where they are, then start the world afresh."""
         from spmd.interactive.merge import where_report
 
         stuck = self.pending()
-        said = self._ask(stuck)
         if self.died:
             first = self.died[0]
             self.notes.append(where_report(said, [r.rank for r in stuck], sorted(self.results),
