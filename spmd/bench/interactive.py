@@ -29,9 +29,9 @@ __all__ = ["measure", "report", "main", "TARGETS"]
 #: Each case's target for spmd's median, in seconds.
 TARGETS = {"x = 1": 0.020, "all_reduce of 8 float64": 0.050, "start of a world (restart, torch preloaded)": 2.0}
 
-_SPMD_REDUCE = "r = comm.all_reduce(a)"
-_IPP_SETUP = "from mpi4py import MPI\nimport numpy as np\ncomm = MPI.COMM_WORLD\na = np.ones(8)\nb = np.empty(8)"
-_IPP_REDUCE = "comm.Allreduce(a, b)"
+_SPMD_REDUCE = "r = comm.all_reduce(np.ones(8))"
+_IPP_SETUP = "from mpi4py import MPI\nimport numpy as np\ncomm = MPI.COMM_WORLD\nb = np.empty(8)"
+_IPP_REDUCE = "comm.Allreduce(np.ones(8), b)"
 
 
 def _timed(fn: Callable[[], Any]) -> float:
@@ -65,7 +65,7 @@ def measure(ranks: int = 4, repeats: int = 20, starts: int = 5) -> dict[str, dic
     session = Session(ranks)
     cluster, client, view = _ipp_cluster(ranks)
     try:
-        session.run("import numpy as np\na = np.ones(8)")
+        session.run("import numpy as np")
         view.execute(_IPP_SETUP)
         for _ in range(3):  # warm both
             session.run("x = 1"), view.execute("x = 1")
