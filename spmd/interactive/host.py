@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import socket
 import sys
@@ -25,7 +26,10 @@ from typing import Any
 from spmd.interactive.watch import Rank, Watch, ranks_text
 from spmd.util import wire
 
-__all__ = ["Host", "main", "PRELOAD"]
+__all__ = ["Host", "main", "PRELOAD", "START_WITHIN"]
+
+#: Seconds the forked ranks have to start their communicator.
+START_WITHIN = 120.0
 
 #: What every rank needs, imported once here before the ranks are forked.
 PRELOAD = ("numpy", "torch", "spmd.runtime.start", "spmd.runtime.rendezvous", "spmd.comms.backends.torchdist.world",
@@ -75,11 +79,17 @@ class Host:
                 self.ranks.append(Rank(r, pid, mine))
         finally:
             listener.close()
-        failed = {}
-        for r in self.ranks:
-            message = wire.recv(r.sock)
-            if message is None or "failed" in message:
-                failed[r.rank] = (message or {}).get("failed", "")
+        failed: dict[int, str] = {}
+        waiting, deadline = list(self.ranks), time.monotonic() + START_WITHIN
+        while waiting and time.monotonic() < deadline:
+            for sock in select.select([r.sock for r in waiting], [], [], deadline - time.monotonic())[0]:
+                r = next(r for r in waiting if r.sock is sock)
+                waiting.remove(r)
+                message = wire.recv(r.sock)
+                if message is None or "failed" in message:
+                    failed[r.rank] = (message or {}).get("failed", "")
+        for r in waiting:
+            failed[r.rank] = f"(it had not started its communicator after {START_WITHIN:g} s)"
         if failed:
             self.end()
             first = min(failed)
