@@ -135,6 +135,13 @@ class Engine:
             elif message == "interrupt":  # to the main thread itself, so that a sleep or a read ends too
                 self._asked = True
                 signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+            elif isinstance(message, dict) and message.get("op") == "leave":
+                # The session is over: this rank finalizes on its main thread.  Stop listening, so
+                # that the host's connection closing (rank 0 exiting first) cannot end this rank
+                # before MPI_Finalize: MPICH's mpirun kills the whole job (SIGKILL) when a rank
+                # exits without it.
+                self.requests.put(message)
+                return
             else:
                 self.requests.put(message)
 
