@@ -555,3 +555,25 @@ def test_an_outsider_at_the_store_under_srun_changes_nothing(cluster, tmp_path):
     assert all(seen["sum"] == [1.0, 3.0, 5.0, 7.0] for seen in sockets_of(log).values()), log[-3000:]
     assert REFUSED.search(log), log[-3000:]
 
+
+# The REPL inside an allocation: srun starts the ranks on two nodes, rank 0 reads the statements.
+
+@pytest.mark.timeout(300)
+def test_the_repl_under_srun_on_two_nodes(cluster, tmp_path):
+    mark = f"spmd-repl-{uuid.uuid4().hex[:12]}"
+    statements = ("import numpy as np, socket\nprint(comm.size, comm.num_nodes)\n"
+                  "comm.all_reduce(np.ones(1) * (comm.rank + 1))\nr = comm.rank * 2\n%pull r\n1 / comm.rank\n")
+    proc = subprocess.Popen(["srun", "-N", "2", "--ntasks-per-node", "1", "-t", "5", PY, "-m", "spmd.repl"],
+                            env=env_for(cluster, REPL_MARK=mark), cwd=tmp_path, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(statements, timeout=200)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(f"the REPL under srun did not end at the end of its input:\n{out[-3000:]}")
+    assert "spmd repl: 2 launched ranks" in out, out[-3000:]
+    assert "[0-1] 2 2" in out and "[0-1] array([3.])" in out and "[0, 2]" in out, out[-3000:]
+    assert "[0] ZeroDivisionError: division by zero" in out and "[1] 1.0" in out, out[-3000:]
+    assert proc.returncode == 0, out[-3000:]
+    assert left_behind(mark, grace=5.0) == {}
