@@ -1,6 +1,6 @@
 """The interactive session beside ipyparallel: a statement's round trip, a small all-reduce, a world's start.
 
-    python -m spmd.bench.interactive [--ranks 4] [--repeats 20] [--starts 5] [--json FILE]
+    python -m spmd.bench.interactive [--ranks 4] [--repeats 20] [--starts 5] [--json FILE] [--no-kernel]
 
 spmd: a Session of RANKS gloo ranks (what ``spmd repl`` and ``%%spmd`` run
 on).  ipyparallel: a Cluster of RANKS engines started by mpiexec
@@ -9,8 +9,10 @@ as ``%px`` drives it.  Each case alternates the two, medians of REPEATS:
 ``x = 1`` on every rank; an all-reduce of 8 float64 on every rank
 (``comm.all_reduce`` beside mpi4py's ``Allreduce``); and, STARTS times, the
 start of a world: spmd's restart from the host that keeps torch imported,
-spmd's whole start, and ipyparallel's cluster start.  Targets: 20 ms, 50 ms,
-2 s (the restart).
+spmd's whole start, and ipyparallel's cluster start.  Then the same two
+statements as cells in Jupyter kernels, ``%%spmd`` beside ``%%px``
+(spmd.bench.notebook).  Targets: 20 ms, 50 ms, 2 s (the restart); a cell's
+the same as its statement's.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ from spmd.errors import BenchError
 __all__ = ["measure", "report", "main", "TARGETS"]
 
 #: Each case's target for spmd's median, in seconds.
-TARGETS = {"x = 1": 0.020, "all_reduce of 8 float64": 0.050, "start of a world (restart, torch preloaded)": 2.0}
+TARGETS = {"x = 1": 0.020, "all_reduce of 8 float64": 0.050, "start of a world (restart, torch preloaded)": 2.0,
+           "%%spmd cell: x = 1": 0.020, "%%spmd cell: all_reduce of 8 float64": 0.050}
 
 _SPMD_REDUCE = "r = comm.all_reduce(np.ones(8))"
 _IPP_SETUP = "from mpi4py import MPI\nimport numpy as np\ncomm = MPI.COMM_WORLD\nb = np.empty(8)"
@@ -60,8 +63,9 @@ def measure(ranks: int = 4, repeats: int = 20, starts: int = 5) -> dict[str, dic
     """Seconds of every run of every case, by tool, interleaved."""
     from spmd.interactive.session import Session
 
-    times: dict[str, dict[str, list[float]]] = {case: {"spmd": [], "ipyparallel": []} for case in TARGETS}
-    times["start of a whole session"] = {"spmd": [], "ipyparallel": []}
+    cases = ("x = 1", "all_reduce of 8 float64", "start of a world (restart, torch preloaded)",
+             "start of a whole session")
+    times: dict[str, dict[str, list[float]]] = {case: {"spmd": [], "ipyparallel": []} for case in cases}
     session = Session(ranks)
     cluster, client, view = _ipp_cluster(ranks)
     try:
@@ -129,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--starts", type=int, default=5)
     parser.add_argument("--json", metavar="FILE")
+    parser.add_argument("--no-kernel", action="store_true",
+                        help="leave out the cells in Jupyter kernels (spmd.bench.notebook)")
     args = parser.parse_args(argv)
     import importlib.util
 
@@ -137,6 +143,10 @@ def main(argv: list[str] | None = None) -> int:
               "(bin/setup installs it)", file=sys.stderr)
         return 2
     times = measure(args.ranks, args.repeats, args.starts)
+    if not args.no_kernel:
+        from spmd.bench.notebook import measure_cells
+
+        times.update(measure_cells(args.ranks, args.repeats))
     print(report(times, args.ranks))
     if args.json:
         with open(args.json, "w") as f:

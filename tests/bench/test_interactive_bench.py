@@ -25,7 +25,23 @@ def test_the_report_takes_medians_and_says_which_targets_are_met():
 def test_a_small_run_measures_every_case_of_both_tools():
     pytest.importorskip("ipyparallel", reason="the bench extra: pip install 'spmd[bench]'")
     times = ib.measure(ranks=2, repeats=2, starts=1)  # raises if either all-reduce gave a wrong sum
-    assert set(times) == {*ib.TARGETS, "start of a whole session"}
+    assert set(times) == {"x = 1", "all_reduce of 8 float64", "start of a world (restart, torch preloaded)",
+                          "start of a whole session"}
     for case, by in times.items():
         assert len(by["spmd"]) == len(by["ipyparallel"]) == (2 if case in ("x = 1", "all_reduce of 8 float64") else 1)
         assert all(t > 0 for t in by["spmd"] + by["ipyparallel"]), (case, by)
+
+
+@pytest.mark.launcher
+@pytest.mark.timeout(400)
+def test_cells_in_two_real_kernels_are_timed_for_both_tools_and_their_sums_checked():
+    pytest.importorskip("ipyparallel", reason="the bench extra: pip install 'spmd[bench]'")
+    pytest.importorskip("ipykernel", reason="the interactive extra: pip install 'spmd[interactive]'")
+    from spmd.bench.notebook import CELLS, measure_cells
+
+    times = measure_cells(ranks=2, repeats=2)  # raises if a cell failed or either all-reduce gave a wrong sum
+    assert set(times) == set(CELLS)
+    for case, by in times.items():
+        assert len(by["spmd"]) == len(by["ipyparallel"]) == 2, (case, by)
+        assert all(t > 0 for t in by["spmd"] + by["ipyparallel"]), (case, by)
+    assert ib.report(times, 2).count("\n") == len(CELLS) + 1
