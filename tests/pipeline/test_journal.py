@@ -208,3 +208,27 @@ exec(open(sys.argv[0]).read())
     resumed = run(job + ["--task", "copy", "--resume"], 120, env=dict(env))
     assert resumed.returncode == 0 and "resumed at row 10000 (5 rounds done before)" in resumed.stdout
     assert np.array_equal(np.load(out), whole)
+
+
+class _Counted:
+    """An input that records every read: what root reads beside the rounds' rows shows."""
+
+    def __init__(self, rows):
+        self.rows, self.shape, self.dtype, self.reads = rows, rows.shape, rows.dtype, []
+
+    def read(self, start, stop):
+        self.reads.append((start, stop))
+        return self.rows[start:stop]
+
+
+@pytest.mark.unit
+def test_only_a_run_that_keeps_a_journal_fingerprints_its_input(tmp_path):
+    rows = np.arange(6000 * 4, dtype=np.float32).reshape(6000, 4)
+    plain = _Counted(rows)
+    pipeline(lambda b: b * 2, plain, output=str(tmp_path / "plain.npy"), chunk_rows=1000)
+    assert sum(b - a for a, b in plain.reads) == 6000, plain.reads  # the rounds' rows, nothing more
+    kept = _Counted(rows)
+    pipeline(lambda b: b * 2, kept, output=str(tmp_path / "kept.npy"), chunk_rows=1000, resume=True)
+    singles = [r for r in kept.reads if r[1] - r[0] == 1]
+    assert len(singles) == 17 and sum(b - a for a, b in kept.reads) == 6000 + 17, kept.reads
+    assert np.array_equal(np.load(tmp_path / "plain.npy"), np.load(tmp_path / "kept.npy"))
