@@ -1,13 +1,14 @@
 """Cells in a real Jupyter kernel: ``%%spmd`` beside ipyparallel's ``%%px``, timed as a notebook waits for them.
 
 Two kernels (ipykernel, started and driven by jupyter_client as Jupyter
-does), both alive throughout: one with ``%spmd start -n RANKS``, one with an
-ipyparallel Cluster of RANKS mpiexec engines and ``%px`` activated.  A cell's time runs from the
-execute request to the kernel's reply and its idle status, so the kernel's
-own round trip is in both tools' times.  The cells alternate, medians of
-REPEATS (the order of the two swapped every repeat): ``x = 1`` and an all-reduce of 8 float64 (``comm.all_reduce``
-beside mpi4py's ``Allreduce``), each checked by its sum, and a plain ``x = 1`` cell, the kernel's own
-round trip, in each kernel.
+does), both alive throughout: one with ``%spmd start -n RANKS``, one with
+an ipyparallel Cluster of RANKS mpiexec engines and ``%px`` activated.  A
+cell's time runs from the execute request to the kernel's idle status and
+its reply, so the kernel's own round trip is in both tools' times.  The
+cells alternate, the order of the two tools swapped every repeat, medians
+of REPEATS: a plain ``x = 1`` cell in each kernel (that round trip), then
+``x = 1`` and an all-reduce of 8 float64 (``comm.all_reduce`` beside
+mpi4py's ``Allreduce``), each checked by its sum.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 
 from spmd.errors import BenchError
 
-__all__ = ["CELLS", "measure_cells"]
+__all__ = ["CELLS", "Kernel", "measure_cells"]
 
 #: The timed cells: case -> (spmd's cell, ipyparallel's cell).
 CELLS = {
@@ -39,44 +40,55 @@ _rc[:].activate()
 _IPP_SETUP = "%%px\nfrom mpi4py import MPI\nimport numpy as np\ncomm = MPI.COMM_WORLD\nr = np.empty(8)"
 
 
-class _Kernel:
-    """A kernel as Jupyter starts one; cell(code) waits for its reply and idle status, returns (status, text)."""
+class Kernel:
+    """A kernel started as Jupyter starts one, with env; cell(code) -> (status, [(kind, content)]).
 
-    def __init__(self) -> None:
+    Also the driver of the magic's tests (tests/interactive/test_magic.py).
+    """
+
+    def __init__(self, env: dict[str, str] | None = None) -> None:
         from jupyter_client.manager import KernelManager
 
-        env = dict(os.environ)
-        bin_dir = os.path.dirname(sys.executable)  # the mpich wheel's mpiexec, for engines="mpi"
-        env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
         self.km = KernelManager(kernel_name="python3")
-        self.km.start_kernel(env=env)
+        self.km.start_kernel(env=dict(os.environ) if env is None else env)
         self.kc = self.km.client()
         self.kc.start_channels()
         self.kc.wait_for_ready(timeout=60)
 
-    def cell(self, code: str, timeout: float = 180) -> tuple[str, str]:
+    def cell(self, code: str, interrupt_after: float | None = None,
+             timeout: float = 90) -> tuple[str, list[tuple[str, Any]]]:
+        """Run code; return the reply's status and its outputs: stream text, display data, error tracebacks."""
         msg_id = self.kc.execute(code)
-        text, idle, status = [], False, None
-        while not idle or status is None:
-            if not idle:
-                msg = self.kc.get_iopub_msg(timeout=timeout)
-                if msg["parent_header"].get("msg_id") == msg_id:
-                    kind, content = msg["msg_type"], msg["content"]
-                    if kind == "stream":
-                        text.append(content["text"])
-                    elif kind in ("execute_result", "display_data"):
-                        text.append(content["data"].get("text/plain", "") + "\n")
-                    elif kind == "error":
-                        text.append("\n".join(content["traceback"]))
-                    idle = kind == "status" and content["execution_state"] == "idle"
-            else:
-                reply = self.kc.get_shell_msg(timeout=timeout)
-                if reply["parent_header"].get("msg_id") == msg_id:
-                    status = reply["content"]["status"]
-        return status, "".join(text)
+        if interrupt_after is not None:
+            time.sleep(interrupt_after)
+            self.km.interrupt_kernel()
+        out: list[tuple[str, Any]] = []
+        while True:
+            msg = self.kc.get_iopub_msg(timeout=timeout)
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            kind, content = msg["msg_type"], msg["content"]
+            if kind == "stream":
+                out.append(("stream", content["text"]))
+            elif kind in ("execute_result", "display_data"):
+                out.append((kind, content["data"]))
+            elif kind == "error":
+                out.append(("error", "\n".join(content["traceback"])))
+            elif kind == "status" and content["execution_state"] == "idle":
+                break
+        while True:
+            reply = self.kc.get_shell_msg(timeout=timeout)
+            if reply["parent_header"].get("msg_id") == msg_id:
+                return reply["content"]["status"], out
+
+    def text(self, code: str, **kw: Any) -> tuple[str, str]:
+        """The status and the outputs as text (a display's text/plain)."""
+        status, out = self.cell(code, **kw)
+        return status, "".join(c if isinstance(c, str) else c.get("text/plain", "") + "\n" for _, c in out)
 
     def must(self, code: str) -> str:
-        status, text = self.cell(code)
+        """The outputs' text of a cell that must succeed."""
+        status, text = self.text(code)
         if status != "ok":
             raise BenchError(f"the kernel failed a cell:\n{code}\n{text[-2000:]}")
         return text
@@ -88,9 +100,11 @@ class _Kernel:
 
 def measure_cells(ranks: int = 4, repeats: int = 20) -> dict[str, dict[str, list[float]]]:
     """Seconds of every cell of every case, by tool, interleaved: a kernel for each tool, both alive throughout
-    (the ipyparallel client's threads in one kernel slowed the other tool's cells there by 2-6 ms)."""
+    (in one kernel, the ipyparallel client's threads would slow spmd's cells too)."""
     times: dict[str, dict[str, list[float]]] = {case: {"spmd": [], "ipyparallel": []} for case in CELLS}
-    kernels = {"spmd": _Kernel(), "ipyparallel": _Kernel()}
+    env = dict(os.environ)
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")  # the wheel's mpiexec
+    kernels = {"spmd": Kernel(env), "ipyparallel": Kernel(env)}
     try:
         kernels["spmd"].must(f"%load_ext spmd\n%spmd start -n {ranks}")
         kernels["spmd"].must("%%spmd\nimport numpy as np")

@@ -1,58 +1,18 @@
 """The %spmd magic in a real IPython kernel (ipykernel), driven by jupyter_client as a notebook drives it."""
 
-import time
 import uuid
 
 import pytest
 
+from spmd.bench.notebook import Kernel as NotebookKernel
 from tests.support import clean_env, left_behind
 
 pytestmark = [pytest.mark.launcher, pytest.mark.timeout(240)]
 
 
-class Kernel:
-    """A kernel started as Jupyter starts one; cell(code) -> (status, [(kind, content)])."""
-
-    def __init__(self, mark):
-        from jupyter_client.manager import KernelManager
-
-        self.km = KernelManager(kernel_name="python3")
-        self.km.start_kernel(env=clean_env(SPMD_MAGIC_MARK=mark))
-        self.kc = self.km.client()
-        self.kc.start_channels()
-        self.kc.wait_for_ready(timeout=60)
-
-    def cell(self, code, interrupt_after=None, timeout=90):
-        msg_id = self.kc.execute(code)
-        if interrupt_after is not None:
-            time.sleep(interrupt_after)
-            self.km.interrupt_kernel()
-        out = []
-        while True:
-            msg = self.kc.get_iopub_msg(timeout=timeout)
-            if msg["parent_header"].get("msg_id") != msg_id:
-                continue
-            kind, content = msg["msg_type"], msg["content"]
-            if kind == "stream":
-                out.append(("stream", content["text"]))
-            elif kind in ("execute_result", "display_data"):
-                out.append((kind, content["data"]))
-            elif kind == "error":
-                out.append(("error", "\n".join(content["traceback"])))
-            elif kind == "status" and content["execution_state"] == "idle":
-                break
-        while True:
-            reply = self.kc.get_shell_msg(timeout=timeout)
-            if reply["parent_header"].get("msg_id") == msg_id:
-                return reply["content"]["status"], out
-
-    def text(self, code, **kw):
-        status, out = self.cell(code, **kw)
-        return status, "".join(c if isinstance(c, str) else c.get("text/plain", "") + "\n" for _, c in out)
-
-    def close(self):
-        self.kc.stop_channels()
-        self.km.shutdown_kernel(now=True)
+def Kernel(mark):
+    """A real kernel (spmd.bench.notebook's driver) whose processes carry mark."""
+    return NotebookKernel(env=clean_env(SPMD_MAGIC_MARK=mark))
 
 
 @pytest.fixture(scope="module")
