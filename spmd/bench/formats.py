@@ -9,8 +9,10 @@ its own (:mod:`spmd.bench.formats_worker`), interleaved over repeats: spmd's
 pipeline on 2 ranks (mpirun), a hand-written mpi4py loop on 2 ranks (root
 reads, Scatterv, Gatherv, root writes), Dask with 2 threads, and one process.
 Then spmd's Parquet read of every row beside pyarrow's ``read_table``.
-The report gives medians and each target's ratio; every tool's output rows
-must have the same checksum, or the run fails.
+The report gives medians (seconds, and the CPU seconds of every process
+and thread of the tool: on 2 cores, a tool at twice its seconds keeps
+both busy) and each target's ratio; every tool's output rows must have
+the same checksum, or the run fails.
 """
 
 import argparse
@@ -98,9 +100,11 @@ def summary(rows):
         if len(crcs) > 1:
             raise BenchError(f"the tools wrote different rows on {fmt}: checksums {sorted(crcs)}")
         for label, _, _ in CASES:
-            got = [r["seconds"] for r in rows if (r["format"], r["case"]) == (fmt, label)]
+            got = [r for r in rows if (r["format"], r["case"]) == (fmt, label)]
             if got:
-                out[(fmt, label)] = statistics.median(got)
+                out[(fmt, label)] = statistics.median(r["seconds"] for r in got)
+                if all("cpu" in r for r in got):  # CPU seconds of every process and thread, summed
+                    out[(fmt, label, "cpu")] = statistics.median(sum(r["cpu"]) for r in got)
     reads = [r for r in rows if r["case"] == "read"]
     if reads:
         for k in ("spmd", "read_table", "read_table_2d"):
@@ -131,9 +135,10 @@ def report(doc):
     s = summary(doc["rows"])
     lines = [f"{doc['table_rows']:,} x 16 float32 -> mlp -> 8 columns, chunk {doc['chunk']:,} rows, "
              f"medians of {doc['repeats']} interleaved launches (seconds of work, after start-up)", "",
-             f"{'case':<18} " + " ".join(f"{fmt:>9}" for fmt in FORMATS)]
+             f"{'case':<18} " + " ".join(f"{fmt:>9} {'cpu s':>6}" for fmt in FORMATS)]
     for label, _, _ in CASES:
-        lines.append(f"{label:<18} " + " ".join(f"{s.get((fmt, label), float('nan')):>9.3f}" for fmt in FORMATS))
+        lines.append(f"{label:<18} " + " ".join(f"{s.get((fmt, label), float('nan')):>9.3f} "
+                                                f"{s.get((fmt, label, 'cpu'), float('nan')):>6.3f}" for fmt in FORMATS))
     lines += ["", "targets:"] + [f"  {'met    ' if ok else 'NOT met'}  {t}: {how}" for t, ok, how in targets(s)]
     return "\n".join(lines)
 

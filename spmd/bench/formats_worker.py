@@ -7,8 +7,9 @@ FORMAT is parquet or zarr.  The map is the main job's mlp task (16 float32
 columns in, 8 out), the same function for every tool; each process uses
 one torch thread.  Root prints one line, ``FORMATS_BENCH {json}``: the
 seconds from the start of the work (after imports and a warm-up call,
-ranks past a barrier) until the output is complete, and a checksum of
-the output's rows.  ``read`` times spmd's Parquet source against
+ranks past a barrier) until the output is complete, each process's CPU
+seconds over that time (every thread's: ``time.process_time``), and a
+checksum of the output's rows.  ``read`` times spmd's Parquet source against
 pyarrow's ``read_table`` of the same rows, alternately.  docs/bench.md.
 """
 
@@ -47,10 +48,10 @@ def frame_part(df):
     return pd.DataFrame(compute(df.to_numpy(np.float32)), columns=NAMES, index=df.index)
 
 
-def _report(fmt, t0, out, **extra):
+def _report(fmt, t0, out, cpu, **extra):
     seconds = time.perf_counter() - t0  # the clock stops here: reading the output back is not timed
     rows = _read_all(fmt, out)
-    line = {"seconds": seconds, "rows": int(rows.shape[0]),
+    line = {"seconds": seconds, "cpu": cpu, "rows": int(rows.shape[0]),
             "crc": f"{zlib.crc32(np.ascontiguousarray(rows, np.float32).tobytes()):08x}", **extra}
     print("FORMATS_BENCH " + json.dumps(line), flush=True)
 
@@ -95,10 +96,10 @@ def _save(fmt, path, rows):
 
 def serial(fmt, src, out, chunk):
     compute(np.zeros((1, FEATURES), np.float32))
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     rows = _load(fmt, src)
     _save(fmt, out, np.concatenate([compute(rows[a : a + chunk]) for a in range(0, rows.shape[0], chunk)]))
-    _report(fmt, t0, out)
+    _report(fmt, t0, out, [time.process_time() - c0])
 
 
 def spmd_run(fmt, src, out, chunk):
@@ -107,10 +108,11 @@ def spmd_run(fmt, src, out, chunk):
 
     compute(np.zeros((1, FEATURES), np.float32))
     comm.barrier()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     result = pipeline(compute, src if comm.rank == 0 else None, output=out, chunk_rows=chunk)
+    cpu = comm.gather_object(time.process_time() - c0)
     if comm.rank == 0:
-        _report(fmt, t0, out, read=result.read_mode, write=result.write_mode)
+        _report(fmt, t0, out, cpu, read=result.read_mode, write=result.write_mode)
 
 
 def mpi4py_loop(fmt, src, out, chunk):
@@ -123,7 +125,7 @@ def mpi4py_loop(fmt, src, out, chunk):
     rank, size = world.Get_rank(), world.Get_size()
     compute(np.zeros((1, FEATURES), np.float32))
     world.Barrier()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     rows = _load(fmt, src) if rank == 0 else None
     n = world.bcast(rows.shape[0] if rank == 0 else None, root=0)
     got = np.empty((n, OUT_WIDTH), np.float32) if rank == 0 else None
@@ -137,7 +139,9 @@ def mpi4py_loop(fmt, src, out, chunk):
         world.Gatherv(res, [got[a:b], counts * OUT_WIDTH, MPI.FLOAT] if rank == 0 else None, root=0)
     if rank == 0:
         _save(fmt, out, got)
-        _report(fmt, t0, out)
+    cpu = world.gather(time.process_time() - c0, root=0)  # rank 1's clock stops after its last Gatherv
+    if rank == 0:
+        _report(fmt, t0, out, cpu)
 
 
 def dask_run(fmt, src, out, chunk):
@@ -149,7 +153,7 @@ def dask_run(fmt, src, out, chunk):
 
     compute(np.zeros((1, FEATURES), np.float32))
     with dask.config.set(scheduler="threads", num_workers=2):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         if fmt == "parquet":
             import dask.dataframe as dd
             import pandas as pd
@@ -165,7 +169,7 @@ def dask_run(fmt, src, out, chunk):
             arr = arr.rechunk((chunk, FEATURES))
             parts = arr.numblocks[0]
             arr.map_blocks(compute, chunks=(arr.chunks[0], (OUT_WIDTH,)), dtype=np.float32).to_zarr(out)
-    _report(fmt, t0, out, partitions=parts)
+    _report(fmt, t0, out, [time.process_time() - c0], partitions=parts)
 
 
 def read_only(fmt, src, out, chunk, repeats=5):
