@@ -27,6 +27,11 @@ def test_the_summary_takes_medians_checks_the_outputs_agree_and_the_targets_comp
     assert got["Parquet read at most 1.2x pyarrow's read_table"][0] is False  # 1.50x
     text = fb.report({"rows": rows, "table_rows": 1000, "chunk": 100, "repeats": 3})
     assert "NOT met  zarr: spmd at most 0.8x mpi4py loop: 1.000 s against 1.100 s: 0.91x" in text
+    for r in rows:  # the read's CPU seconds, where recorded, beside its wall
+        if r["case"] == "read":
+            r.update(spmd_cpu=0.25, read_table_cpu=0.4)
+    how = {t: h for t, _, h in fb.targets(fb.summary(rows))}["Parquet read at most 1.2x pyarrow's read_table"]
+    assert how.endswith("; CPU 0.250 s against 0.400 s: 0.62x"), how
     rows.append(_row("zarr", "one process", 1.0, crc="ffff0000"))
     with pytest.raises(BenchError, match="different rows on zarr"):
         fb.summary(rows)

@@ -93,7 +93,7 @@ class ParquetSource:
         self.files = []
         for p in self.paths:
             try:
-                self.files.append(pq.ParquetFile(p))
+                self.files.append(pq.ParquetFile(p, memory_map=True))
             except Exception as exc:
                 raise SourceError(f"{p}: not a readable Parquet file ({type(exc).__name__}: {exc}); was it "
                                   "copied completely?") from None
