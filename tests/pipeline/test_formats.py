@@ -317,3 +317,44 @@ def test_the_libraries_a_run_will_import_are_named_from_its_paths_alone(tmp_path
     assert libraries([str(tmp_path / "a.pq"), tmp_path / "b.pq"], "f.hdf5:/x/y") == ["h5py", "pyarrow.parquet"]
     assert libraries(tmp_path / "ds", None) == ["pyarrow.parquet"]
     assert libraries(TABLE, lambda: 1, "a.npy", str(tmp_path / "missing" / "x.csv"), tmp_path / "nope") == []
+
+
+@pytest.mark.unit
+def test_a_rank_finishes_importing_the_format_before_it_waits_for_roots_open(tmp_path, monkeypatch):
+    # a rank waiting in an MPI call polls: its import beside it would take a core's worth longer
+    import threading
+    import time
+
+    from spmd.pipeline import run as run_module
+
+    events = []
+
+    def slow_warm(modules):
+        me = threading.current_thread().name
+        assert modules == ["pyarrow.parquet"], modules
+
+        def load():
+            time.sleep(0.3)
+            events.append(("imported", me))
+
+        thread = threading.Thread(target=load)
+        thread.start()
+        return thread
+
+    made = run_module.Ranks.__init__
+
+    def past_reply(self, comm, *args):
+        events.append(("past the reply", threading.current_thread().name, comm.rank))
+        made(self, comm, *args)
+
+    monkeypatch.setattr(run_module, "warm", slow_warm)
+    monkeypatch.setattr(run_module.Ranks, "__init__", past_reply)
+    src = _parquet(tmp_path / "in.parquet", TABLE, 1000)
+    results, errors, _ = at_three(lambda comm: pipeline(_mlp, src if comm.rank == 0 else None, comm=comm,
+                                                        chunk_rows=1500))
+    assert errors == [None] * 3, errors
+    assert np.array_equal(results[0].output, _mlp(TABLE))
+    others = [(e[1], e[2]) for e in events if e[0] == "past the reply" and e[2] != 0]
+    assert len(others) == 2, events
+    for name, rank in others:
+        assert events.index(("imported", name)) < events.index(("past the reply", name, rank)), events
