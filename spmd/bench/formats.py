@@ -1,13 +1,15 @@
-"""The pipeline on Parquet and Zarr beside the tools a user would pick instead.
+"""The pipeline on Parquet, Zarr and .npy beside the tools a user would pick instead.
 
     python -m spmd.bench.formats [--rows 1000000] [--repeats 3] [--chunk 131072] [--json FILE]
 
 A 1M x 16 float32 table (the main job's synthetic one) saved as a Parquet
-file (row groups of 131,072 rows) and a Zarr store (chunks of 65,536 rows),
-mapped by the mlp task into a file of the same format, each tool launched on
-its own (:mod:`spmd.bench.formats_worker`), interleaved over repeats: spmd's
-pipeline on 2 ranks (mpirun), a hand-written mpi4py loop on 2 ranks (root
-reads, Scatterv, Gatherv, root writes), Dask with 2 threads, and one process.
+file (row groups of 131,072 rows), a Zarr store (chunks of 65,536 rows) and
+a .npy file, mapped by the mlp task into a file of the same format, each
+tool launched on its own (:mod:`spmd.bench.formats_worker`), interleaved
+over repeats: spmd's pipeline on 2 ranks (mpirun), a hand-written mpi4py
+loop on 2 ranks (root reads, Scatterv, Gatherv, root writes), Dask with 2
+threads, and one process; on Parquet also the loop making spmd's two
+choices (columns taken without pandas, float columns without a dictionary).
 Then spmd's Parquet read of every row beside pyarrow's ``read_table``.
 The report gives medians (seconds, and the CPU seconds of every process
 and thread of the tool: on 2 cores, a tool at twice its seconds keeps
@@ -31,8 +33,11 @@ __all__ = ["CASES", "prepare", "launch", "measure", "summary", "targets", "repor
 
 #: (label, implementation, ranks).
 CASES = (("spmd pipeline", "spmd", 2), ("mpi4py loop", "mpi4py", 2), ("Dask, 2 threads", "dask", 1),
-         ("one process", "serial", 1))
-FORMATS = ("parquet", "zarr")
+         ("one process", "serial", 1), ("loop, spmd's choices", "mpi4py-tuned", 2))
+FORMATS = ("parquet", "zarr", "npy")
+#: The cases run on some formats only: the loop making spmd's two Parquet choices (no pandas, no dictionary for
+#: float columns) is the hand-written loop itself on the other formats.
+ONLY = {"mpi4py-tuned": ("parquet",)}
 #: spmd at most this times Dask's and the hand-written loop's time.
 TARGET = 0.8
 #: spmd's Parquet read at most this times pyarrow's read_table of the same rows.
@@ -40,7 +45,7 @@ READ_TARGET = 1.2
 
 
 def prepare(folder, rows=1_000_000):
-    """Save the table as folder/in.parquet and folder/in.zarr; return their paths by format."""
+    """Save the table as folder/in.parquet, folder/in.zarr and folder/in.npy; return their paths by format."""
     import pyarrow as pa
     import pyarrow.parquet as pq
     import zarr
@@ -48,9 +53,13 @@ def prepare(folder, rows=1_000_000):
     from spmd.pipeline.sources import SyntheticTable
 
     table = SyntheticTable(rows, 16, 0).read(0, rows)
-    paths = {"parquet": os.path.join(folder, "in.parquet"), "zarr": os.path.join(folder, "in.zarr")}
+    import numpy as np
+
+    paths = {"parquet": os.path.join(folder, "in.parquet"), "zarr": os.path.join(folder, "in.zarr"),
+             "npy": os.path.join(folder, "in.npy")}
     pq.write_table(pa.table({f"x{j}": table[:, j] for j in range(16)}), paths["parquet"], row_group_size=131072)
     zarr.create_array(store=paths["zarr"], shape=table.shape, chunks=(65536, 16), dtype="float32")[:] = table
+    np.save(paths["npy"], table)
     return paths
 
 
@@ -75,7 +84,7 @@ def _remove(path):
 
 def measure(folder, paths, repeats=3, chunk=131072, progress=None):
     """Every case on every format, interleaved (rotated each repeat); return one row per launch."""
-    chosen = [(fmt, *case) for fmt in FORMATS for case in CASES]
+    chosen = [(fmt, *case) for fmt in FORMATS for case in CASES if fmt in ONLY.get(case[1], FORMATS)]
     rows = []
     for rep in range(repeats):
         k = rep % len(chosen)

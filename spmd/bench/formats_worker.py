@@ -1,9 +1,9 @@
-"""One launch of the formats benchmark: one tool's read-map-write of a Parquet file or a Zarr store.
+"""One launch of the formats benchmark: one tool's read-map-write of a Parquet file, Zarr store or .npy file.
 
-    mpirun -n 2 python -m spmd.bench.formats_worker spmd|mpi4py FORMAT INPUT OUTPUT CHUNK
+    mpirun -n 2 python -m spmd.bench.formats_worker spmd|mpi4py|mpi4py-tuned FORMAT INPUT OUTPUT CHUNK
     python -m spmd.bench.formats_worker serial|dask|read FORMAT INPUT OUTPUT CHUNK
 
-FORMAT is parquet or zarr.  The map is the main job's mlp task (16 float32
+FORMAT is parquet, zarr or npy.  The map is the main job's mlp task (16 float32
 columns in, 8 out), the same function for every tool; each process uses
 one torch thread.  Root prints one line, ``FORMATS_BENCH {json}``: the
 seconds from the start of the work (after imports and a warm-up call,
@@ -63,28 +63,50 @@ def _read_all(fmt, path):
 
         source = ParquetSource(path)
         return source.read(0, source.shape[0])
+    if fmt == "npy":
+        return np.load(path)
     import zarr
 
     return np.asarray(zarr.open_array(store=path, mode="r")[:])
 
 
-def _load(fmt, path):
+def _load(fmt, path, tuned=False):
+    """Every row of the input, as a user reads it (tuned: Parquet columns taken as spmd takes them)."""
     if fmt == "parquet":
         import pyarrow.parquet as pq
 
         table = pq.read_table(path, use_threads=False)
-        return np.column_stack([table.column(c).to_numpy() for c in table.column_names])
+        if not tuned:
+            return np.column_stack([table.column(c).to_numpy() for c in table.column_names])
+        from spmd.pipeline.formats.parquet import column_into  # no pandas (to_numpy imports it)
+
+        rows = np.empty((table.num_rows, table.num_columns), np.float32)
+        for j, c in enumerate(table.column_names):
+            column_into(rows[:, j], table.column(c))
+        return rows
+    if fmt == "npy":
+        return np.load(path)
     import zarr
 
     return np.asarray(zarr.open_array(store=path, mode="r")[:])
 
 
-def _save(fmt, path, rows):
+def _save(fmt, path, rows, tuned=False):
+    """The output, as a user writes it (tuned: Parquet without pandas or dictionaries, 8 MiB row groups)."""
     if fmt == "parquet":
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        pq.write_table(pa.table({f"c{j}": rows[:, j] for j in range(rows.shape[1])}), path)
+        if not tuned:
+            pq.write_table(pa.table({f"c{j}": rows[:, j] for j in range(rows.shape[1])}), path)
+            return
+        from spmd.pipeline.formats.parquet_output import ROW_GROUP_BYTES, arrow_column
+
+        table = pa.Table.from_arrays([arrow_column(pa, rows[:, j]) for j in range(rows.shape[1])], names=NAMES)
+        pq.write_table(table, path, use_dictionary=False, row_group_size=ROW_GROUP_BYTES // rows[0].nbytes)
+        return
+    if fmt == "npy":
+        np.save(path, rows)
         return
     import zarr
 
@@ -115,8 +137,9 @@ def spmd_run(fmt, src, out, chunk):
         _report(fmt, t0, out, cpu, read=result.read_mode, write=result.write_mode)
 
 
-def mpi4py_loop(fmt, src, out, chunk):
-    """Root reads the whole input, Scatterv/Gatherv per round, root writes: what a user writes by hand."""
+def mpi4py_loop(fmt, src, out, chunk, tuned=False):
+    """Root reads the whole input, Scatterv/Gatherv per round, root writes: what a user writes by hand
+    (tuned: reading and writing Parquet as spmd does)."""
     from mpi4py import MPI
 
     from spmd.comms.arrays import split_sizes
@@ -126,7 +149,7 @@ def mpi4py_loop(fmt, src, out, chunk):
     compute(np.zeros((1, FEATURES), np.float32))
     world.Barrier()
     t0, c0 = time.perf_counter(), time.process_time()
-    rows = _load(fmt, src) if rank == 0 else None
+    rows = _load(fmt, src, tuned) if rank == 0 else None
     n = world.bcast(rows.shape[0] if rank == 0 else None, root=0)
     got = np.empty((n, OUT_WIDTH), np.float32) if rank == 0 else None
     for a in range(0, n, chunk):
@@ -138,14 +161,15 @@ def mpi4py_loop(fmt, src, out, chunk):
         res = np.ascontiguousarray(compute(part), np.float32)
         world.Gatherv(res, [got[a:b], counts * OUT_WIDTH, MPI.FLOAT] if rank == 0 else None, root=0)
     if rank == 0:
-        _save(fmt, out, got)
+        _save(fmt, out, got, tuned)
     cpu = world.gather(time.process_time() - c0, root=0)  # rank 1's clock stops after its last Gatherv
     if rank == 0:
         _report(fmt, t0, out, cpu)
 
 
 def dask_run(fmt, src, out, chunk):
-    """Dask with a pool of 2 threads: read_parquet -> map_partitions -> to_parquet; from_zarr -> map_blocks -> to_zarr."""
+    """Dask with a pool of 2 threads: read_parquet -> map_partitions -> to_parquet; from_zarr -> map_blocks ->
+    to_zarr; from_array over np.load's map -> map_blocks -> compute -> np.save."""
     import dask
 
     # by their module's name, not __main__'s: Dask names its tasks by pickling the functions
@@ -162,6 +186,12 @@ def dask_run(fmt, src, out, chunk):
             parts = frame.npartitions
             meta = pd.DataFrame({c: np.empty(0, np.float32) for c in NAMES})
             frame.map_partitions(frame_part, meta=meta).to_parquet(out, write_index=False)
+        elif fmt == "npy":  # Dask has no .npy writer of one file: the blocks computed, then np.save
+            import dask.array as da
+
+            arr = da.from_array(np.load(src, mmap_mode="r"), chunks=(chunk, FEATURES))
+            parts = arr.numblocks[0]
+            np.save(out, arr.map_blocks(compute, chunks=(arr.chunks[0], (OUT_WIDTH,)), dtype=np.float32).compute())
         else:
             import dask.array as da
 
@@ -197,7 +227,8 @@ def read_only(fmt, src, out, chunk, repeats=5):
     print("FORMATS_BENCH " + json.dumps({k: sorted(v)[len(v) // 2] for k, v in times.items()}), flush=True)
 
 
-IMPLS = {"serial": serial, "spmd": spmd_run, "mpi4py": mpi4py_loop, "dask": dask_run, "read": read_only}
+IMPLS = {"serial": serial, "spmd": spmd_run, "mpi4py": mpi4py_loop, "dask": dask_run, "read": read_only,
+         "mpi4py-tuned": lambda *args: mpi4py_loop(*args, tuned=True)}
 
 
 def main(argv):

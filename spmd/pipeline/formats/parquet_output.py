@@ -22,7 +22,7 @@ from spmd.pipeline.formats.parquet import column_into
 from spmd.pipeline.sinks import check_output, partial_path
 from spmd.util.atomic import AtomicFile
 
-__all__ = ["ParquetOutput", "ROW_GROUP_BYTES"]
+__all__ = ["ParquetOutput", "ROW_GROUP_BYTES", "arrow_column"]
 
 
 #: An output's row group holds about this many bytes (set by the row's size alone, so the file's bytes are
@@ -116,7 +116,7 @@ class ParquetOutput:
     def _table(self, block: np.ndarray) -> Any:
         pa = need("pyarrow", "writing Parquet")
         cols = [block] if block.ndim == 1 else [block[:, j] for j in range(block.shape[1])]
-        return pa.Table.from_arrays([_arrow(pa, c) for c in cols], names=self.names)
+        return pa.Table.from_arrays([arrow_column(pa, c) for c in cols], names=self.names)
 
     def _encoding(self) -> dict:
         """pyarrow's writer options: no dictionary for floating-point columns.
@@ -235,7 +235,7 @@ class ParquetOutput:
         shutil.rmtree(self.partial, ignore_errors=True)
 
 
-def _arrow(pa: Any, values: np.ndarray) -> Any:
+def arrow_column(pa: Any, values: np.ndarray) -> Any:
     """An Arrow array of a 1-D numpy array's values, built on its buffer (not ``pa.array``: its first call in
     a process imports pandas, 0.27 s here)."""
     values = np.ascontiguousarray(values)
