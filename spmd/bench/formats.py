@@ -11,10 +11,9 @@ loop on 2 ranks (root reads, Scatterv, Gatherv, root writes), Dask with 2
 threads, and one process; on Parquet also the loop making spmd's two
 choices (columns taken without pandas, float columns without a dictionary).
 Then spmd's Parquet read of every row beside pyarrow's ``read_table``.
-The report gives medians (seconds, and the CPU seconds of every process
-and thread of the tool: on 2 cores, a tool at twice its seconds keeps
-both busy) and each target's ratio; every tool's output rows must have
-the same checksum, or the run fails.
+The report gives medians (seconds, and the CPU seconds of all the tool's
+processes and threads) and each target's ratio; every tool's output rows
+must have the same checksum, or the run fails.  docs/bench.md.
 """
 
 import argparse
