@@ -45,6 +45,7 @@ READ_TARGET = 1.2
 
 def prepare(folder, rows=1_000_000):
     """Save the table as folder/in.parquet, folder/in.zarr and folder/in.npy; return their paths by format."""
+    import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
     import zarr
@@ -52,8 +53,6 @@ def prepare(folder, rows=1_000_000):
     from spmd.pipeline.sources import SyntheticTable
 
     table = SyntheticTable(rows, 16, 0).read(0, rows)
-    import numpy as np
-
     paths = {"parquet": os.path.join(folder, "in.parquet"), "zarr": os.path.join(folder, "in.zarr"),
              "npy": os.path.join(folder, "in.npy")}
     pq.write_table(pa.table({f"x{j}": table[:, j] for j in range(16)}), paths["parquet"], row_group_size=131072)

@@ -48,8 +48,9 @@ def frame_part(df):
     return pd.DataFrame(compute(df.to_numpy(np.float32)), columns=NAMES, index=df.index)
 
 
-def _report(fmt, t0, out, cpu, **extra):
-    seconds = time.perf_counter() - t0  # the clock stops here: reading the output back is not timed
+def _report(fmt, seconds, out, cpu, **extra):
+    """Print the launch's line: seconds and cpu as timed by the caller (gathering them and reading the output
+    back are not)."""
     rows = _read_all(fmt, out)
     line = {"seconds": seconds, "cpu": cpu, "rows": int(rows.shape[0]),
             "crc": f"{zlib.crc32(np.ascontiguousarray(rows, np.float32).tobytes()):08x}", **extra}
@@ -121,7 +122,7 @@ def serial(fmt, src, out, chunk):
     t0, c0 = time.perf_counter(), time.process_time()
     rows = _load(fmt, src)
     _save(fmt, out, np.concatenate([compute(rows[a : a + chunk]) for a in range(0, rows.shape[0], chunk)]))
-    _report(fmt, t0, out, [time.process_time() - c0])
+    _report(fmt, time.perf_counter() - t0, out, [time.process_time() - c0])
 
 
 def spmd_run(fmt, src, out, chunk):
@@ -132,9 +133,9 @@ def spmd_run(fmt, src, out, chunk):
     comm.barrier()
     t0, c0 = time.perf_counter(), time.process_time()
     result = pipeline(compute, src if comm.rank == 0 else None, output=out, chunk_rows=chunk)
-    cpu = comm.gather_object(time.process_time() - c0)
+    seconds, cpu = time.perf_counter() - t0, comm.gather_object(time.process_time() - c0)
     if comm.rank == 0:
-        _report(fmt, t0, out, cpu, read=result.read_mode, write=result.write_mode)
+        _report(fmt, seconds, out, cpu, read=result.read_mode, write=result.write_mode)
 
 
 def mpi4py_loop(fmt, src, out, chunk, tuned=False):
@@ -162,9 +163,10 @@ def mpi4py_loop(fmt, src, out, chunk, tuned=False):
         world.Gatherv(res, [got[a:b], counts * OUT_WIDTH, MPI.FLOAT] if rank == 0 else None, root=0)
     if rank == 0:
         _save(fmt, out, got, tuned)
+    seconds = time.perf_counter() - t0
     cpu = world.gather(time.process_time() - c0, root=0)  # rank 1's clock stops after its last Gatherv
     if rank == 0:
-        _report(fmt, t0, out, cpu)
+        _report(fmt, seconds, out, cpu)
 
 
 def dask_run(fmt, src, out, chunk):
@@ -199,7 +201,7 @@ def dask_run(fmt, src, out, chunk):
             arr = arr.rechunk((chunk, FEATURES))
             parts = arr.numblocks[0]
             arr.map_blocks(compute, chunks=(arr.chunks[0], (OUT_WIDTH,)), dtype=np.float32).to_zarr(out)
-    _report(fmt, t0, out, [time.process_time() - c0], partitions=parts)
+    _report(fmt, time.perf_counter() - t0, out, [time.process_time() - c0], partitions=parts)
 
 
 def read_only(fmt, src, out, chunk, repeats=5):

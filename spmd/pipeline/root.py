@@ -120,8 +120,8 @@ class Root:
         """Start or load the journal of a positional output; return the plan, resumed where it says."""
         journal = Journal(output)
         found = journal.exists()
-        if not found and not resume:  # nothing to record or compare: no fingerprint (its 17 sampled rows
-            return plan  # cost a Zarr or HDF5 chunk decoded each)
+        if not found and not resume:
+            return plan  # nothing to record or compare: no fingerprint (17 sampled rows, a chunk decoded each)
         self.identity = {"rows": plan.rows, "input": f"{src!r} fingerprint {fingerprint(src)}",
                          "task": task, "output": str(output)}
         if not found:

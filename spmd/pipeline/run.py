@@ -122,12 +122,11 @@ def pipeline(fn: Callable[[Any], Any], source: Any, *, output: Any = None, chunk
     _choice("balance", balance, BALANCES)
     options = Options(read=read, write=write, balance=balance, memory=memory, verify=verify, overlap=overlap)
     lap = Laps()
-    # every rank imports the formats' libraries while root opens the input (not one after the other)
-    importing = warm(comm.broadcast_object(libraries(source, output) if comm.rank == root else None, root))
-    if importing is not None and comm.rank != root:
-        # done before waiting for root's reply: a rank waiting in an MPI call polls, a core's worth of CPU
-        # beside its own import (zarr: 190 ms on rank 1 against 127 on root, on 2 cores)
-        importing.join()
+    # every rank imports the formats' libraries while root opens the input (not one after the other); the
+    # others finish before they wait for root's reply: a rank waiting in an MPI call polls, a core's worth of
+    # CPU beside its own import (a 1M-row Zarr run on 2 cores: 0.472 s against 0.498 s, docs/performance.md)
+    warm(comm.broadcast_object(libraries(source, output) if comm.rank == root else None, root),
+         wait=comm.rank != root)
     books = Root(comm, fn, options, lap) if comm.rank == root else None
     reply = comm.broadcast_object(books and books.open(source, output, chunk_rows, progress, read, resume, task),
                                   root)

@@ -324,22 +324,19 @@ def test_a_rank_finishes_importing_the_format_before_it_waits_for_roots_open(tmp
     # a rank waiting in an MPI call polls: its import beside it would take a core's worth longer
     import threading
     import time
+    from types import SimpleNamespace
 
     from spmd.pipeline import run as run_module
+    from spmd.pipeline.formats import extra
 
     events = []
+    real = extra.importlib.import_module
 
-    def slow_warm(modules):
-        me = threading.current_thread().name
-        assert modules == ["pyarrow.parquet"], modules
-
-        def load():
+    def slow_import(name):  # the pipeline's early import of the format's library, made slow
+        if name == "pyarrow.parquet":
             time.sleep(0.3)
-            events.append(("imported", me))
-
-        thread = threading.Thread(target=load)
-        thread.start()
-        return thread
+            events.append(("imported", threading.current_thread().name))
+        return real(name)
 
     made = run_module.Ranks.__init__
 
@@ -347,7 +344,7 @@ def test_a_rank_finishes_importing_the_format_before_it_waits_for_roots_open(tmp
         events.append(("past the reply", threading.current_thread().name, comm.rank))
         made(self, comm, *args)
 
-    monkeypatch.setattr(run_module, "warm", slow_warm)
+    monkeypatch.setattr(extra, "importlib", SimpleNamespace(import_module=slow_import))
     monkeypatch.setattr(run_module.Ranks, "__init__", past_reply)
     src = _parquet(tmp_path / "in.parquet", TABLE, 1000)
     results, errors, _ = at_three(lambda comm: pipeline(_mlp, src if comm.rank == 0 else None, comm=comm,

@@ -36,7 +36,7 @@ def test_a_column_is_copied_from_its_buffers_whatever_its_chunks_offsets_and_typ
 
 
 def test_a_parquet_run_in_and_out_does_not_import_pandas(tmp_path):
-    # pyarrow's to_numpy and pa.array import pandas on their first call (0.27 s here): a run needs neither
+    # pyarrow's to_numpy and pa.array import pandas on their first call (0.25 s here): a run needs neither
     code = f"""
 import sys
 import numpy as np, pyarrow as pa, pyarrow.parquet as pq

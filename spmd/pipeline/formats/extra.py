@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib
 import threading
 from types import ModuleType
-from typing import Optional
 
 from spmd.errors import MissingExtraError
 
@@ -26,10 +25,10 @@ def need(module: str, purpose: str) -> ModuleType:
             f"pip install 'spmd[formats]' (bin/setup installs it) on every host the job runs on") from None
 
 
-def warm(modules: list[str]) -> Optional[threading.Thread]:
-    """Start importing modules in a thread (a format library takes 0.2-0.5 s): a rank that would import
-    one only after rank 0 opened the input does it meanwhile.  A missing one is said later, by need.
-    Returns the thread (None if there is nothing to import)."""
+def warm(modules: list[str], wait: bool = False) -> None:
+    """Import modules early (a format library takes 0.2-0.5 s), in a thread, or here with wait: a rank that
+    would import one only after rank 0 opened the input does it meanwhile.  A missing one is said later,
+    by need."""
     def load() -> None:
         for module in modules:
             try:
@@ -37,8 +36,7 @@ def warm(modules: list[str]) -> Optional[threading.Thread]:
             except Exception:
                 pass
 
-    if not modules:
-        return None
-    thread = threading.Thread(target=load, name="spmd-pipeline-imports", daemon=True)
-    thread.start()
-    return thread
+    if wait:
+        load()
+    elif modules:
+        threading.Thread(target=load, name="spmd-pipeline-imports", daemon=True).start()
