@@ -15,15 +15,15 @@ from __future__ import annotations
 import math
 import os
 import re
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from types import MappingProxyType
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import hostlist
 
 from spmd.errors import PlacementError
 
-__all__ = ["Placement", "detect", "check_mpi_world", "LAUNCHERS", "MPI_LAUNCHERS"]
+__all__ = ["Placement", "detect", "check_mpi_world", "regroup", "LAUNCHERS", "MPI_LAUNCHERS"]
 
 LAUNCHERS = ("spmd", "openmpi", "mvapich", "mpich", "pmix", "slurm", "torchrun", "none")
 MPI_LAUNCHERS = frozenset({"mpich", "openmpi", "pmix", "mvapich"})
@@ -74,6 +74,9 @@ class Placement:
     hosts: tuple[str, ...] = ()
     job_id: str | None = None
     step_id: str | None = None
+    host: str | None = None
+    address: str | None = None
+    interface: str | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "sources", MappingProxyType(dict(self.sources)))
@@ -88,7 +91,8 @@ class Placement:
     def describe(self) -> str:
         """Return each field, its value and its source, then the conflicts, as text."""
         lines = [f"launcher    {self.launcher}{' (MPI)' if self.is_mpi else ''}"]
-        for name in _FIELDS + ("master_addr", "master_port", "hosts", "job_id", "step_id"):
+        for name in _FIELDS + ("master_addr", "master_port", "hosts", "job_id", "step_id", "host", "address",
+                               "interface"):
             value = getattr(self, name)
             if name == "hosts":
                 value = hostlist.collect_hostlist(list(value)) if value else None
@@ -298,6 +302,32 @@ def detect(environ: Mapping[str, str] | None = None) -> Placement:
                                  f"({exc}).") from None
         sources["hosts"] = nodelist
     return Placement(**values, launcher=winner, sources=sources, conflicts=tuple(notes), **extra)
+
+
+def regroup(placement: Placement, hosts: Sequence[int], how: str, names: Sequence[str] = ()) -> Placement:
+    """Return placement with its node and local numbers from where the ranks really run.
+
+    hosts[r] is rank r's host number (hosts numbered in order of their first rank); how says how it
+    was learnt, for the sources; names[r], if given, rank r's host name.  A launcher's number that
+    disagrees is noted in conflicts (MPICH gives no node number: rank // local_size is a guess that
+    round-robin placement breaks).
+    """
+    if len(hosts) != placement.size:
+        raise PlacementError(f"{len(hosts)} ranks described their hosts, but the job has {placement.size}")
+    mine = hosts[placement.rank]
+    local = [r for r, h in enumerate(hosts) if h == mine]
+    values = {"local_rank": local.index(placement.rank), "local_size": len(local), "node_rank": mine,
+              "num_nodes": max(hosts) + 1}
+    sources, notes = dict(placement.sources), list(placement.conflicts)
+    for name, value in values.items():
+        old = getattr(placement, name)
+        if old != value:
+            notes.append(f"{name} {old} ({sources.get(name, 'not set')}) corrected to {value}: {how}")
+        sources[name] = f"measured: {how}"
+    extra = {}
+    if names:
+        extra["host"], sources["host"] = names[placement.rank], "measured: this rank's host name"
+    return replace(placement, **values, **extra, sources=sources, conflicts=tuple(notes))
 
 
 def check_mpi_vendor(placement: Placement, vendor: str, mpi_library: str = "") -> None:

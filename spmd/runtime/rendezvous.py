@@ -16,6 +16,7 @@ Except torchrun's, the store is spmd's own (``spmd.runtime.jobstore``): on one
 interface, for holders of the job's secret (``spmd.runtime.secret``).
 """
 
+import errno
 import ipaddress
 import os
 import socket
@@ -26,7 +27,7 @@ from datetime import timedelta
 from spmd.errors import RendezvousError
 from spmd.runtime import secret as secrets
 
-__all__ = ["slurm_port", "check_address", "rendezvous", "await_peers"]
+__all__ = ["slurm_port", "check_address", "rendezvous", "await_peers", "bind_address", "gloo_interface"]
 
 PORT_BASE, PORT_SPAN = 20000, 10000
 
@@ -43,68 +44,160 @@ def check_address(addr, where="MASTER_ADDR"):
         socket.getaddrinfo(addr, None)
     except (socket.gaierror, UnicodeError) as exc:
         raise RendezvousError(
-            f"{where}={addr!r} does not resolve ({exc}); set MASTER_ADDR to a host name or IP "
-            "address that every rank can reach"
+            f"{where}={addr!r} does not resolve on {socket.gethostname()} ({exc}): the name is unknown "
+            "there; set MASTER_ADDR to a host name or IP address that every rank can reach, or add the name to "
+            "/etc/hosts (or DNS)"
         ) from None
     return addr
 
 
-def _port_in_use(addr, port, exc):
-    return RendezvousError(
-        f"cannot serve the rendezvous on {addr}:{port}: {exc}. The port is probably in use; "
-        "choose another MASTER_PORT (or SPMD_PORT), or unset it and let spmd pick a free one"
-    )
+def _cannot_serve(addr, port, exc):
+    """The error of a store that cannot listen at addr:port, by its cause: a name, an address, a port."""
+    here = socket.gethostname()
+    if isinstance(exc, socket.gaierror):
+        return RendezvousError(
+            f"cannot serve the rendezvous on {addr}: the name {addr!r} does not resolve on {here} ({exc}). "
+            "Fix the name (/etc/hosts or DNS), set MASTER_ADDR to an address, or set SPMD_IFNAME to the "
+            "interface the other hosts reach")
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return RendezvousError(
+            f"cannot serve the rendezvous on {addr}:{port}: {addr} is not an address of this host ({here}). "
+            "Set MASTER_ADDR to an address of rank 0's host, or unset it")
+    if exc.errno in (errno.EADDRINUSE, errno.EACCES):
+        return RendezvousError(
+            f"cannot serve the rendezvous on {addr}:{port}: {exc}. The port is in use (or reserved); "
+            "choose another MASTER_PORT (or SPMD_PORT), or unset it and let spmd pick a free one")
+    return RendezvousError(f"cannot serve the rendezvous on {addr}:{port} on {here}: {exc}")
 
 
 def _interface(addr):
     """The address of addr to bind: its first that is not loopback, for ranks on other hosts (Debian
     maps a host's own name to 127.0.1.1), else its first."""
-    try:
-        infos = socket.getaddrinfo(addr, None, type=socket.SOCK_STREAM)
-    except OSError:
-        return addr
+    infos = socket.getaddrinfo(addr, None, type=socket.SOCK_STREAM)
     ips = [info[4][0] for info in infos]
     outward = [ip for ip in ips if not ipaddress.ip_address(ip.split("%")[0]).is_loopback]
     return (outward or ips or [addr])[0]
 
 
-def _serve(addr, port, size, timeout, key, listen_fd=None):
-    """Rank 0: serve the store (on the socket spmd run bound, else on addr's interface) to holders of
-    key; return (its client for rank 0, the port)."""
+def bind_address(addr, placement, environ, card=None):
+    """The address rank 0 serves the store on, for a rendezvous at addr (rank 0's host by name or address).
+
+    On one host: addr's own.  Across hosts: addr's first address that is not loopback; when addr
+    (typically this host's name) resolves to loopback alone, the interface the user named, else the
+    one toward srun's host (SLURM_LAUNCH_NODE_IPADDR), else the first one up: never loopback."""
+    from spmd.runtime import network
+
+    try:
+        ip = _interface(addr)
+    except (OSError, UnicodeError) as exc:
+        raise _cannot_serve(addr, None, exc) if isinstance(exc, OSError) else RendezvousError(str(exc)) from None
+    if placement.num_nodes == 1 or not ipaddress.ip_address(ip.split("%")[0]).is_loopback:
+        return ip, None
+    card = card or network.local_card()
+    toward = (environ.get("SLURM_LAUNCH_NODE_IPADDR") or "").strip()
+    source = network.route_source(toward) if toward else None
+    choice = network.choose_toward(card, toward or ip, source, environ)
+    return choice.address, (f"{addr} resolves to {ip} (loopback) on {card.name}, so rank 0 serves on "
+                            f"{choice.address} ({choice.interface}: {choice.why})")
+
+
+def _serve(addr, port, size, timeout, key, listen_fd=None, bind_ip=None):
+    """Rank 0: serve the store (on the socket spmd run bound, else on bind_ip, else on addr's interface)
+    to holders of key; return (its client for rank 0, the port)."""
     from spmd.runtime.jobstore import JobStore, StoreServer, bind
 
     if listen_fd is not None:
         sock = socket.socket(fileno=listen_fd)
     else:
         try:
-            sock = bind(_interface(addr), port or 0, max(size, socket.SOMAXCONN))
+            sock = bind(bind_ip or _interface(addr), port or 0, max(size, socket.SOMAXCONN))
         except OSError as exc:
-            raise _port_in_use(addr, port, exc) from None
+            raise _cannot_serve(bind_ip or addr, port, exc) from None
     server = StoreServer(sock, key)
     store = JobStore(server.address, key, timeout)
     store.server = server  # lives as long as the store torch holds
     return store, server.address[1]
 
 
-def _join(addr, port, timeout, key_of):
+#: Seconds a rank keeps trying a store that refuses it or has no route, when rank 0 is known to listen.
+CERTAIN_WITHIN = 3.0
+
+
+def _join(addr, port, timeout, key_of, listening=False, where=""):
     """Another rank: the store at addr:port, once it has accepted the key key_of() gives (asked again
-    after each refusal: rank 0 may not listen yet, or a file may still hold a former job's key)."""
+    after each refusal: rank 0 may not listen yet, or a file may still hold a former job's key).
+
+    listening: rank 0 already listens (it published the address after binding), so a refusal or a
+    missing route is the network's answer, reported within CERTAIN_WITHIN seconds, not the timeout.
+    where: words on how the address was chosen, for the error."""
     from spmd.runtime.jobstore import JobStore
 
-    deadline, pause = time.monotonic() + timeout, 0.01
+    started = time.monotonic()
+    deadline, pause = started + timeout, 0.01
+    if listening:
+        _probe(addr, port, min(timeout, ANSWER_WITHIN), where)
     while True:
         store = JobStore((addr, port), key_of(deadline), timeout)
         try:
             store.check(["spmd/member"])
             return store
         except RendezvousError as exc:
-            if time.monotonic() > deadline:
-                raise RendezvousError(
-                    f"could not join the rendezvous at {addr}:{port} within {timeout:g} s ({exc}); "
-                    "check that rank 0 started and that the address is reachable from this host"
-                ) from None
+            code = getattr(exc, "errno", None)
+            certain = listening and code in _CERTAIN and time.monotonic() - started > CERTAIN_WITHIN
+            if certain or time.monotonic() > deadline:
+                raise RendezvousError(_unreached(addr, port, code, exc, where, time.monotonic() - started)) from None
         time.sleep(pause)
         pause = min(2 * pause, 0.2)
+
+
+_CERTAIN = (errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH)
+#: Seconds a connection to a store known to listen may take: a kernel answers a SYN in milliseconds
+#: whatever its process does, so no answer by then is a firewall that drops, or a partition.
+ANSWER_WITHIN = 10.0
+
+
+def _probe(addr, port, seconds, where):
+    """Raise RendezvousError, naming the cause, unless a TCP connection to addr:port opens within seconds
+    (retried on a refusal or a missing route for CERTAIN_WITHIN seconds)."""
+    started = time.monotonic()
+    while True:
+        try:
+            socket.create_connection((addr, port), timeout=max(0.1, started + seconds - time.monotonic())).close()
+            return
+        except socket.timeout:
+            raise RendezvousError(
+                f"{socket.gethostname()} got no answer from {addr}:{port} (rank 0's rendezvous{f', {where}' if where else ''}) "
+                f"within {seconds:g} s, though rank 0 listens there: a firewall that drops packets, or a "
+                "partition between the hosts") from None
+        except OSError as exc:
+            waited = time.monotonic() - started
+            if exc.errno not in _CERTAIN or waited > CERTAIN_WITHIN:
+                raise RendezvousError(_unreached(addr, port, exc.errno, exc, where, waited)) from None
+        time.sleep(0.2)
+
+
+def _unreached(addr, port, code, exc, where, waited):
+    here = socket.gethostname()
+    chosen = f" ({where})" if where else ""
+    try:
+        loop = ipaddress.ip_address(addr.split("%")[0]).is_loopback
+    except ValueError:
+        loop = False
+    if loop:
+        return (f"rank 0 serves the rendezvous at {addr}:{port}{chosen}, a loopback address that {here} cannot "
+                "reach from another host. Set SPMD_IFNAME (or MASTER_ADDR) to rank 0's interface (or address) "
+                "on the network the hosts share, or fix rank 0's host name in /etc/hosts")
+    if code == errno.ECONNREFUSED:
+        return (f"{here} reached {addr} but port {port} refused the connection (waited {waited:.1f} s): "
+                f"rank 0 serves the rendezvous at {addr}:{port}{chosen}. A firewall that rejects the port, or "
+                "another host holding that address; open the port range (or set SPMD_PORT/MASTER_PORT to an "
+                "open port), or set SPMD_IFNAME to the interface the hosts share")
+    if code in (errno.EHOSTUNREACH, errno.ENETUNREACH):
+        return (f"{here} has no route to {addr} (rank 0's rendezvous address{chosen}): {exc}. Set SPMD_IFNAME "
+                "to rank 0's interface on the network the hosts share")
+    return (f"could not join the rendezvous at {addr}:{port}{chosen} within {waited:.0f} s ({exc}); check that "
+            f"rank 0 started and that {addr} is reachable from {here} (a firewall that drops packets, or a "
+            "partition), or set SPMD_IFNAME")
 
 
 def _meet_at(placement, addr, port, timeout, environ, name, listen_fd=None):
@@ -114,28 +207,81 @@ def _meet_at(placement, addr, port, timeout, environ, name, listen_fd=None):
         if key is None:
             key = secrets.new()
             secrets.publish(name, key, environ)
-        return _serve(addr, port, placement.size, timeout, key, listen_fd)[0], addr, port
+        bind_ip = None
+        if listen_fd is None:
+            bind_ip, _ = bind_address(addr, placement, environ)
+        return _serve(addr, port, placement.size, timeout, key, listen_fd, bind_ip)[0], addr, port
     key_of = (lambda deadline: key) if key is not None else (lambda deadline: secrets.read(name, environ, deadline))
-    return _join(addr, port, timeout, key_of), addr, port
+    return _join(addr, port, timeout, key_of, where=f"the rendezvous host {addr}"), addr, port
 
 
-def _publish_over_mpi(placement, mpi_comm, timeout, environ, addr=None, port=None):
-    """Rank 0 serves and publishes (address, port, secret) over MPI; return (store, addr, port)."""
-    store, error, key = None, None, None
+def _publish_over_mpi(placement, mpi_comm, timeout, environ, addr=None, port=None, cards=None):
+    """Rank 0 serves and publishes (address, port, secret, why) over MPI; return (store, addr, port).
+
+    cards: every rank's HostCard (exchanged over MPI), from which rank 0 chooses an address every
+    other host reaches (spmd.runtime.network.choose_server)."""
+    from spmd.runtime import network
+
+    store, error, key, why = None, None, None, ""
     if placement.rank == 0:
-        addr = addr or ("127.0.0.1" if placement.num_nodes == 1 else _interface(socket.gethostname()))
-        key = secrets.given(environ) or secrets.new()
         try:
+            if addr is None and cards is not None:
+                choice = network.choose_server(cards[0], cards, environ)
+                addr, why = choice.address, f"{cards[0].name}'s {choice.interface}: {choice.why}"
+            elif addr is None:
+                addr = "127.0.0.1" if placement.num_nodes == 1 else _interface(socket.gethostname())
+            else:
+                why = f"MASTER_ADDR={addr}"
+            key = secrets.given(environ) or secrets.new()
             store, port = _serve(addr, port, placement.size, timeout, key)
+        except (RendezvousError, OSError) as exc:
+            error = str(exc)
+    addr, port, error, key, why = mpi_comm.bcast((addr, port, error, key, why), 0)
+    if error:
+        raise everywhere(RendezvousError(error))
+    if store is None:
+        try:
+            check_address(addr, "the rendezvous address published by rank 0")
+            if cards is not None and cards[placement.rank].key != cards[0].key and _is_loopback(addr):
+                raise RendezvousError(_unreached(addr, port, None, "", why, 0.0))
+            store = _join(addr, port, timeout, lambda deadline: key, listening=True, where=why)
         except RendezvousError as exc:
             error = str(exc)
-    addr, port, error, key = mpi_comm.bcast((addr, port, error, key), 0)
-    if error:
-        raise RendezvousError(error)
-    check_address(addr, "the rendezvous address published by rank 0")
-    if store is None:
-        store = _join(addr, port, timeout, lambda deadline: key)
+    failed = [(r, e) for r, e in enumerate(mpi_comm.allgather(error)) if e]
+    if failed:
+        server = getattr(store, "server", None)
+        if server is not None:
+            server.close()
+        raise everywhere(RendezvousError(_who_failed(failed, cards, addr, port, placement.size)))
     return store, addr, port
+
+
+def everywhere(exc):
+    """Mark exc as raised alike on every rank (so that one rank says it: spmd.runtime.start)."""
+    exc.everywhere = True
+    return exc
+
+
+def _who_failed(failed, cards, addr, port, size):
+    """One message for the ranks that could not reach rank 0's store: which, on which hosts, and why."""
+    by_message = {}
+    for rank, message in failed:
+        by_message.setdefault(message, []).append(rank)
+    host0 = f" on {cards[0].name}" if cards else ""
+    lines = [f"{len(failed)} of {size - 1} ranks could not reach rank 0's rendezvous at {addr}:{port}{host0}:"]
+    for message, ranks in by_message.items():
+        where = sorted({cards[r].name for r in ranks}) if cards else []
+        shown = ", ".join(map(str, ranks[:12])) + (" ..." if len(ranks) > 12 else "")
+        lines.append(f"  ranks {shown}{' on ' + ', '.join(where) if where else ''}: {message}")
+    return "\n".join(lines)
+
+
+def _is_loopback(addr):
+    try:
+        return all(ipaddress.ip_address(ip.split("%")[0]).is_loopback for ip in
+                   {i[4][0] for i in socket.getaddrinfo(addr, None, type=socket.SOCK_STREAM)})
+    except (OSError, ValueError):
+        return False
 
 
 def _torchrun_store(placement, addr, port, timeout, environ):
@@ -153,23 +299,14 @@ def _torchrun_store(placement, addr, port, timeout, environ):
     return PrefixStore(f"spmd/{attempt}", store), addr, port
 
 
-def _gloo_on_loopback(placement, environ):
-    """Ranks on one host: gloo's own sockets on the loopback interface too (GLOO_SOCKET_IFNAME, unless set)."""
-    if placement.num_nodes == 1 and "GLOO_SOCKET_IFNAME" not in environ:
-        names = [name for _, name in socket.if_nameindex()]
-        if "lo" in names:
-            environ["GLOO_SOCKET_IFNAME"] = "lo"
-
-
-def rendezvous(placement, settings, mpi_comm=None, environ=None):
+def rendezvous(placement, settings, mpi_comm=None, environ=None, cards=None):
     """Return (store, addr, port) for this rank, following the module's precedence.
 
     settings (spmd.config.settings.Settings) gives the timeout, SPMD_PORT and
-    SPMD_LISTEN_FD; environ (default os.environ) SPMD_SECRET and torchrun's agent-store variables.
-    Ranks on one host also get GLOO_SOCKET_IFNAME=lo in environ, so that gloo listens there alone.
+    SPMD_LISTEN_FD; environ (default os.environ) SPMD_SECRET and torchrun's agent-store variables;
+    cards, under MPI, every rank's HostCard, from which rank 0 chooses the address it publishes.
     """
     environ = os.environ if environ is None else environ
-    _gloo_on_loopback(placement, environ)
     timeout = settings.timeout
     addr, port = placement.master_addr, placement.master_port
     if addr is not None:
@@ -178,10 +315,10 @@ def rendezvous(placement, settings, mpi_comm=None, environ=None):
         if environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true":
             return _torchrun_store(placement, addr, port, timeout, environ)
         if mpi_comm is not None:
-            return _publish_over_mpi(placement, mpi_comm, timeout, environ, addr, port)
+            return _publish_over_mpi(placement, mpi_comm, timeout, environ, addr, port, cards)
         return _meet_at(placement, addr, port, timeout, environ, f"{addr}-{port}", settings.listen_fd)
     if mpi_comm is not None:
-        return _publish_over_mpi(placement, mpi_comm, timeout, environ, addr)
+        return _publish_over_mpi(placement, mpi_comm, timeout, environ, addr, cards=cards)
     if placement.launcher == "slurm" and placement.hosts:
         addr = addr or check_address(placement.hosts[0], "the first host of the SLURM node list")
         port = port or settings.port or slurm_port(placement.job_id, placement.step_id)
@@ -192,6 +329,34 @@ def rendezvous(placement, settings, mpi_comm=None, environ=None):
         "MASTER_ADDR and MASTER_PORT, or start the job with an MPI launcher (with mpi4py "
         "installed), srun, torchrun or spmd run"
     )
+
+
+def gloo_interface(placement, addr, environ, card=None, cards=None):
+    """Choose this rank's interface and export it as GLOO_SOCKET_IFNAME (gloo reads only the environment),
+    unless the user set it; return the Choice.
+
+    With every rank's card: an address of this host on a network every other host has an address on;
+    else the interface toward the rendezvous address addr (its network, else the kernel's route)."""
+    from spmd.runtime import network
+
+    card = card or network.local_card()
+    choice = None
+    if cards is not None and placement.num_nodes > 1 and network.user_interface(environ) is None:
+        best = network.choose_server(card, cards, environ)
+        choice = best if best.reaches_all else None
+    if choice is None:
+        try:
+            target = _interface(addr) if placement.num_nodes > 1 else addr
+        except OSError:
+            target = addr
+        toward = (environ.get("SLURM_LAUNCH_NODE_IPADDR") or "").strip()
+        if _is_loopback(target) and toward:  # rank 0's own name: toward srun's host instead
+            target = toward
+        source = network.route_source(target) if placement.num_nodes > 1 else None
+        choice = network.choose_toward(card, target, source, environ, same_host=placement.num_nodes == 1)
+    if choice.interface and not (environ.get("GLOO_SOCKET_IFNAME") or "").strip():
+        environ["GLOO_SOCKET_IFNAME"] = choice.interface
+    return choice
 
 
 def await_peers(store, rank, size, timeout):

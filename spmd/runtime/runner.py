@@ -79,7 +79,9 @@ def run_script(argv):
         if code:
             sys.stderr.write(f"### spmd: {_who()} exited with status {code}; ending the job\n")
             abort(code)
-    except BaseException:
+    except BaseException as exc:
+        if getattr(exc, "said", False):  # an error of every rank at init, said once by rank 0
+            sys.exit(1)
         abort(1, after=report_failure(*sys.exc_info()))
     finalize()
     sys.exit(0)

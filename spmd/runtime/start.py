@@ -13,14 +13,16 @@ import atexit
 import os
 import sys
 import threading
+from dataclasses import replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Callable, TypeVar
 
 from spmd.failfast import abort
-from spmd.runtime import backends, hints, mpiworld, output
+from spmd.runtime import backends, hints, mpiworld, network, output
+from spmd.runtime.rendezvous import gloo_interface
 from spmd.failfast.abort import abort_job
-from spmd.errors import BackendError, SettingsError
-from spmd.config.placement import detect
+from spmd.errors import BackendError, SettingsError, SpmdError
+from spmd.config.placement import detect, regroup
 from spmd.config.settings import DEFAULT_TIMEOUT, Settings, parse_timeout
 
 if TYPE_CHECKING:
@@ -95,19 +97,23 @@ def _start(settings, environ, guarded=True):
         device = "cuda:0" if settings.backend == "nccl" and backends.cuda_usable() else "cpu"
         return SerialComm(placement, device, seconds, _monitor(settings, False)), []
     mpi_world = mpiworld.mpi_world(placement, seconds) if placement.is_mpi else None
+    card, cards = network.local_card(), None
+    if mpi_world is not None:  # where every rank really runs, before anything depends on it
+        cards = mpi_world.allgather(card)
+        placement = _placed(placement, cards, "ranks grouped by host over MPI")
     name = _choose(settings.backend, placement, mpi_world, environ)
     monitor = _monitor(settings, name == "nccl")
-    local = placement.num_nodes == 1
     torch_mpi = name == "mpi" and "torch" in sys.modules and _torch_has_mpi()
     if name == "mpi" and not torch_mpi:
         from spmd.comms.backends.mpi.comm import MpiComm
         from spmd.failfast.hub import open_hub
         from spmd.failfast.mpi_timeout import MpiTimeout
 
-        side = _torch_group(settings, placement, mpi_world, environ)
+        side, placement = _torch_group(settings, placement, mpi_world, environ, card, cards)
         comm = MpiComm(mpi_world, placement, seconds, monitor)
         timer = MpiTimeout(comm, monitor.family)
-        hub = open_hub(placement.rank, placement.size, comm.broadcast_object, local, seconds, monitor.family)
+        hub = open_hub(placement.rank, placement.size, comm.broadcast_object, placement.num_nodes == 1, seconds,
+                       monitor.family, placement.address)
         mpiworld.release_segments_of(mpi_world)
         return comm, [timer, hub] + side
     from spmd.comms.backends.torchdist.world import init_process_group, open_comm
@@ -115,17 +121,39 @@ def _start(settings, environ, guarded=True):
 
     store, device, guards = None, "cpu", []
     if not torch_mpi:  # torch's own MPI group meets through MPI itself
-        store = _meet(placement, settings, mpi_world, environ, counted=guarded)
+        store, placement = _meet(placement, settings, mpi_world, environ, card, cards, counted=guarded)
     if name == "nccl":
         device = _nccl_device(placement, store)
     init_process_group(name, store, placement.rank, placement.size, seconds, device)
     comm = open_comm(name, placement, device, timeout=seconds, monitor=monitor, store=store)
     if store is not None and guarded:
         share = store_share(store, placement.rank)
-        host = getattr(store, "address", (None,))[0]  # the job store's interface (not torchrun's store)
-        guards.append(open_hub(placement.rank, placement.size, share, local, seconds, monitor.family, host))
+        # the job store's interface (not torchrun's store), else this rank's chosen address
+        host = getattr(store, "address", (placement.address,))[0]
+        guards.append(open_hub(placement.rank, placement.size, share, placement.num_nodes == 1, seconds,
+                               monitor.family, host))
     mpiworld.release_segments_of(mpi_world)
     return comm, guards
+
+
+def _placed(placement, cards, how):
+    """placement with its node and local numbers from every rank's host card."""
+    return regroup(placement, network.hosts_of(cards), how, [card.name for card in cards])
+
+
+def _cards_over_store(store, placement, card):
+    """Every rank's HostCard, exchanged through the rendezvous store."""
+    import json
+    from dataclasses import asdict
+
+    store.set(f"spmd/card/{placement.rank}", json.dumps(asdict(card)))
+    cards = []
+    for r in range(placement.size):
+        fields = json.loads(store.get(f"spmd/card/{r}"))
+        fields["addresses"] = tuple(network.Address(**a) for a in fields["addresses"])
+        fields["resolves_to"] = tuple(fields["resolves_to"])
+        cards.append(network.HostCard(**fields))
+    return cards
 
 
 class _TorchGroup:
@@ -162,30 +190,43 @@ def _torch_group_wanted(settings):
     return dist.is_available() and not dist.is_initialized()  # a group of the user's: left alone
 
 
-def _torch_group(settings, placement, mpi_world, environ):
-    """On the mpi backend, start torch.distributed's default group too; return [its owner] or []."""
+def _torch_group(settings, placement, mpi_world, environ, card, cards):
+    """On the mpi backend, start torch.distributed's default group too; return ([its owner] or [], the
+    placement with this rank's chosen address)."""
     if not _torch_group_wanted(settings):
-        return []
+        addr = network.choose_server(cards[0], cards, environ).address if placement.num_nodes > 1 else "127.0.0.1"
+        return [], _addressed(placement, gloo_interface(placement, addr, environ, card, cards))
     from spmd.comms.backends.torchdist.world import init_process_group
 
     seconds = settings.timeout
-    store = _meet(placement, settings, mpi_world, environ)  # under MPI the address goes over MPI
+    store, placement = _meet(placement, settings, mpi_world, environ, card, cards)  # the address goes over MPI
     name, device = "gloo", "cpu"
     if _nccl_fits(placement, mpi_world):
         name, device = "nccl", _nccl_device(placement, store)
     init_process_group(name, store, placement.rank, placement.size, seconds, device)
-    return [_TorchGroup(store)]
+    return [_TorchGroup(store)], placement
 
 
-def _meet(placement, settings, mpi_world, environ, counted=True):
+def _meet(placement, settings, mpi_world, environ, card, cards, counted=True):
     """Rendezvous for a torch group: the store, once every rank has reached it (counted: by
-    await_peers, whose error counts who came; a watched rank's parent counts them itself)."""
+    await_peers, whose error counts who came; a watched rank's parent counts them itself), and the
+    placement with its hosts (exchanged through the store when MPI did not) and its chosen address.
+    gloo's interface is exported (GLOO_SOCKET_IFNAME) before any group is made."""
     from spmd.runtime.rendezvous import await_peers, rendezvous
 
-    store, _, _ = rendezvous(placement, settings, mpi_world, environ)
+    store, addr, _ = rendezvous(placement, settings, mpi_world, environ, cards)
     if counted:
         await_peers(store, placement.rank, placement.size, settings.timeout)
-    return store
+    if cards is None:
+        cards = _cards_over_store(store, placement, card)
+        placement = _placed(placement, cards, "ranks grouped by host through the rendezvous store")
+    return store, _addressed(placement, gloo_interface(placement, addr, environ, card, cards))
+
+
+def _addressed(placement, choice):
+    """placement with this rank's address and interface, and why they were chosen."""
+    sources = dict(placement.sources, address=choice.why, interface=choice.why)
+    return replace(placement, address=choice.address, interface=choice.interface, sources=sources)
 
 
 def _nccl_fits(placement, mpi_world):
@@ -249,7 +290,12 @@ def init(backend: str | None = None, timeout: float | timedelta | None = None, d
             settings = Settings.parse(os.environ, backend, timeout, debug, trace, torch_group)
             # Each rank's lines whole (and tagged if asked), from here to its exit.
             output.whole_lines(os.environ, settings.tag_output)
-            _comm, _guards = _start(settings, os.environ)
+            try:
+                _comm, _guards = _start(settings, os.environ)
+            except SpmdError as exc:
+                if getattr(exc, "everywhere", False):
+                    _say_once(exc)
+                raise
             _guards = _register_abort(_comm, _guards)
             _comm._caches.results.configure(settings.keep_results, _comm.local_size)
             if settings.hints:
@@ -288,6 +334,28 @@ def init_watched(backend: str | None = None, timeout: float | None = None) -> Co
             _comm._barrier()
         _comm._mon.restart()
         return _comm
+
+
+def _say_once(exc):
+    """An error every rank of an MPI world met alike at init: rank 0 prints it at once, the others wait
+    for that (so no launcher ends rank 0 first), and each raises it with ``said`` set, which the
+    hook below (and python -m spmd) end the process on with status 1 and no second report."""
+    from mpi4py import MPI
+
+    world = MPI.COMM_WORLD
+    if world.Get_rank() == 0:
+        sys.stderr.write(f"### spmd: init failed on every rank ({type(exc).__name__}):\n{exc}\n")
+        sys.stderr.flush()
+    world.Barrier()
+    exc.said = True
+    previous = sys.excepthook
+
+    def hook(exc_type, value, tb):
+        if getattr(value, "said", False):
+            return None
+        return previous(exc_type, value, tb)
+
+    sys.excepthook = hook
 
 
 def _install_excepthook():

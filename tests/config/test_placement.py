@@ -80,7 +80,7 @@ SLURM_SIX = {"SLURM_STEP_NUM_TASKS": "8", "SLURM_STEP_NUM_NODES": "4",
 def expected(layout, launcher, sources, **extra):
     """Build the as_dict() a case should give."""
     out = dict(zip(LAYOUT, layout), launcher=launcher, sources=sources, conflicts=[],
-               master_addr=None, master_port=None, hosts=[], job_id=None, step_id=None,
+               master_addr=None, master_port=None, hosts=[], job_id=None, step_id=None, host=None, address=None, interface=None,
                is_mpi=launcher in MPI_LAUNCHERS)
     out.update(extra)
     return out

@@ -65,8 +65,10 @@ class JobStore(dist.Store):
                 raise RendezvousError(f"{host}:{port} is not spmd's job store (it said {greeting[:40]!r})")
             sock.sendall(wire.answer(self._secret, greeting[len(wire.GREETING):].strip()))
         except OSError as exc:
-            raise RendezvousError(f"could not reach the job store at {host}:{port} ({exc}); check that "
-                                  "rank 0 started and that the address is reachable from this host") from None
+            error = RendezvousError(f"could not reach the job store at {host}:{port} ({exc}); check that "
+                                    "rank 0 started and that the address is reachable from this host")
+            error.errno = exc.errno  # type: ignore[attr-defined]  # refused, unreachable: read by the rendezvous
+            raise error from None
         self._local.sock = sock
         return sock
 
