@@ -12,7 +12,7 @@ from tests.tiers import TierClock
 
 # -- tiers: every test is exactly one of these (setup.cfg registers them, docs/testing.md) --
 
-TIERS = ("unit", "launcher", "slurm")
+TIERS = ("unit", "launcher", "slurm", "cluster")
 
 
 def pytest_configure(config):

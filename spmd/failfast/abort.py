@@ -18,10 +18,12 @@ import socket
 import sys
 import time
 import traceback
+from typing import Any
 
 from spmd.errors import CollectiveTimeout, is_peer_lost
 
 __all__ = [
+    "report_everywhere",
     "report_failure",
     "report_message",
     "abort_job",
@@ -172,3 +174,25 @@ def abort_job(code=1, after=None):
     for tell in _world["tell_others"]:
         tell()
     exit_now(code)
+
+
+def report_everywhere(exc: BaseException) -> None:
+    """An error every rank of an MPI world met alike at init (spmd.init): rank 0 prints it at once, the
+    others wait for that in a barrier (so that no launcher ends rank 0 before it spoke), and each then
+    raises it with ``said`` set: an uncaught one ends the process with status 1 and no second report
+    (the excepthook set here; python -m spmd does the same)."""
+    from mpi4py import MPI
+
+    world = MPI.COMM_WORLD
+    if world.Get_rank() == 0:
+        sys.stderr.write(f"### spmd: init failed on every rank ({type(exc).__name__}):\n{exc}\n")
+        sys.stderr.flush()
+    world.Barrier()
+    exc.said = True  # type: ignore[attr-defined]
+    previous = sys.excepthook
+
+    def hook(exc_type: Any, value: BaseException, tb: Any) -> None:
+        if not getattr(value, "said", False):
+            previous(exc_type, value, tb)
+
+    sys.excepthook = hook

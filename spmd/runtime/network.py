@@ -16,16 +16,18 @@ from __future__ import annotations
 
 import fcntl
 import ipaddress
+import json
 import os
 import socket
 import struct
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Mapping, Sequence
 
 from spmd.errors import RendezvousError
 
 __all__ = ["Address", "HostCard", "Choice", "local_card", "interfaces", "route_source", "hosts_of",
-           "choose_server", "choose_toward", "user_interface", "loopback_name_note", "host_of_address"]
+           "choose_server", "choose_toward", "user_interface", "loopback_name_note", "host_of_address",
+           "exchange_over_store", "to_text", "from_text"]
 
 _SIOCGIFADDR, _SIOCGIFNETMASK = 0x8915, 0x891B
 
@@ -55,7 +57,7 @@ class HostCard:
     name: str  # the host's name (gethostname)
     key: str  # equal for two processes only on one machine: name, boot id, IPC namespace
     addresses: tuple[Address, ...] = ()
-    resolves_to: tuple[str, ...] = ()  # what its own name resolves to there ("" when it does not)
+    resolves_to: tuple[str, ...] = ()  # what its own name resolves to there (empty when it does not)
 
     def outward(self) -> list[Address]:
         """Its addresses that are not loopback, IPv4 first, in interface order."""
@@ -198,7 +200,7 @@ def choose_server(me: HostCard, cards: Sequence[HostCard], environ: Mapping[str,
     if not others:
         return Choice("127.0.0.1", "lo", "every rank is on this host")
     scored = [(_shared(a, me, others, cards), i, a) for i, a in enumerate(me.outward())]
-    scored.sort(key=lambda s: (-s[0], s[1]))
+    scored.sort(key=lambda s: (-s[0], not s[2].up, s[1]))
     if not scored:
         raise RendezvousError(
             f"host {me.name} has no address but loopback, so ranks on {_names(others)} cannot reach it; "
@@ -255,6 +257,25 @@ def loopback_name_note(card: HostCard) -> str | None:
     if not card.resolves_to:
         return f"{card.name} cannot resolve its own name"
     return None
+
+
+def to_text(card: HostCard) -> str:
+    """card as JSON, to go through a store."""
+    return json.dumps(asdict(card))
+
+
+def from_text(text: str | bytes) -> HostCard:
+    """The card to_text wrote."""
+    fields = json.loads(text)
+    fields["addresses"] = tuple(Address(**a) for a in fields["addresses"])
+    fields["resolves_to"] = tuple(fields["resolves_to"])
+    return HostCard(**fields)
+
+
+def exchange_over_store(store, rank: int, size: int, card: HostCard) -> list[HostCard]:
+    """Every rank's card, through a store (torch's Store interface: set, get)."""
+    store.set(f"spmd/card/{rank}", to_text(card))
+    return [from_text(store.get(f"spmd/card/{r}")) for r in range(size)]
 
 
 def host_of_address(ip: str, cards: Sequence[HostCard]) -> str | None:

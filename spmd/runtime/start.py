@@ -141,21 +141,6 @@ def _placed(placement, cards, how):
     return regroup(placement, network.hosts_of(cards), how, [card.name for card in cards])
 
 
-def _cards_over_store(store, placement, card):
-    """Every rank's HostCard, exchanged through the rendezvous store."""
-    import json
-    from dataclasses import asdict
-
-    store.set(f"spmd/card/{placement.rank}", json.dumps(asdict(card)))
-    cards = []
-    for r in range(placement.size):
-        fields = json.loads(store.get(f"spmd/card/{r}"))
-        fields["addresses"] = tuple(network.Address(**a) for a in fields["addresses"])
-        fields["resolves_to"] = tuple(fields["resolves_to"])
-        cards.append(network.HostCard(**fields))
-    return cards
-
-
 class _TorchGroup:
     """torch.distributed's default group that spmd started beside MPI; close destroys it."""
 
@@ -218,7 +203,7 @@ def _meet(placement, settings, mpi_world, environ, card, cards, counted=True):
     if counted:
         await_peers(store, placement.rank, placement.size, settings.timeout)
     if cards is None:
-        cards = _cards_over_store(store, placement, card)
+        cards = network.exchange_over_store(store, placement.rank, placement.size, card)
         placement = _placed(placement, cards, "ranks grouped by host through the rendezvous store")
     return store, _addressed(placement, gloo_interface(placement, addr, environ, card, cards))
 
@@ -294,7 +279,7 @@ def init(backend: str | None = None, timeout: float | timedelta | None = None, d
                 _comm, _guards = _start(settings, os.environ)
             except SpmdError as exc:
                 if getattr(exc, "everywhere", False):
-                    _say_once(exc)
+                    abort.report_everywhere(exc)
                 raise
             _guards = _register_abort(_comm, _guards)
             _comm._caches.results.configure(settings.keep_results, _comm.local_size)
@@ -334,28 +319,6 @@ def init_watched(backend: str | None = None, timeout: float | None = None) -> Co
             _comm._barrier()
         _comm._mon.restart()
         return _comm
-
-
-def _say_once(exc):
-    """An error every rank of an MPI world met alike at init: rank 0 prints it at once, the others wait
-    for that (so no launcher ends rank 0 first), and each raises it with ``said`` set, which the
-    hook below (and python -m spmd) end the process on with status 1 and no second report."""
-    from mpi4py import MPI
-
-    world = MPI.COMM_WORLD
-    if world.Get_rank() == 0:
-        sys.stderr.write(f"### spmd: init failed on every rank ({type(exc).__name__}):\n{exc}\n")
-        sys.stderr.flush()
-    world.Barrier()
-    exc.said = True
-    previous = sys.excepthook
-
-    def hook(exc_type, value, tb):
-        if getattr(value, "said", False):
-            return None
-        return previous(exc_type, value, tb)
-
-    sys.excepthook = hook
 
 
 def _install_excepthook():

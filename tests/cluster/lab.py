@@ -382,6 +382,12 @@ class Lab:
             _sh("ip", "netns", "exec", me.netns, "iptables", "-A", "INPUT", "-s", other.address, "-j", "DROP")
             _sh("ip", "netns", "exec", me.netns, "iptables", "-A", "OUTPUT", "-d", other.address, "-j", "DROP")
 
+    def reject(self, host, peer, port):
+        """host's firewall answers TCP from peer to port with a reset (a refusal, not a silence)."""
+        ensure_iptables()
+        _sh("ip", "netns", "exec", self.host(host).netns, "iptables", "-A", "INPUT", "-p", "tcp", "-s",
+            self.host(peer).address, "--dport", str(port), "-j", "REJECT", "--reject-with", "tcp-reset")
+
     def cap(self, host, mbit):
         """Cap host's link at mbit Mbit/s both ways (tc tbf on each end of its veth)."""
         h = self.host(host)

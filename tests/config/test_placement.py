@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from spmd.errors import PlacementError
-from spmd.config.placement import LAUNCHERS, MPI_LAUNCHERS, Placement, check_mpi_world, detect
+from spmd.config.placement import LAUNCHERS, MPI_LAUNCHERS, Placement, check_mpi_world, detect, regroup
 
 pytestmark = pytest.mark.unit
 
@@ -369,3 +369,57 @@ def test_module_imports_neither_torch_nor_mpi4py():
     code = ("import sys, spmd.config.placement; "
             "assert not {'torch', 'mpi4py'} & set(sys.modules), sorted(sys.modules)")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# --- regroup: node and local numbers from where the ranks really run --------------
+
+HOW = "ranks compared their host cards"
+MPICH_TWO_PER_NODE = {"PMI_RANK": "1", "PMI_SIZE": "4", "MPI_LOCALRANKID": "0", "MPI_LOCALNRANKS": "2"}
+
+
+def test_regroup_corrects_the_guessed_node_of_round_robin_placement():
+    """MPICH's rank // local_size puts rank 1 on node 0; round robin put it on node 1."""
+    guessed = detect(MPICH_TWO_PER_NODE)
+    assert guessed.node_rank == 0
+    placement = regroup(guessed, [0, 1, 0, 1], HOW)
+    assert [getattr(placement, f) for f in LAYOUT] == [1, 4, 0, 2, 1, 2]
+    assert all(placement.sources[f] == f"measured: {HOW}" for f in LAYOUT[2:])
+    assert placement.sources["rank"] == "PMI_RANK"
+    (note,) = placement.conflicts
+    assert note == f"node_rank 0 ({NODE}) corrected to 1: {HOW}"
+
+
+def test_regroup_of_uneven_hosts():
+    placement = regroup(detect({**MPICH_TWO_PER_NODE, "PMI_RANK": "3"}), [0, 0, 0, 1], HOW)
+    assert (placement.local_rank, placement.local_size, placement.node_rank, placement.num_nodes) == (0, 1, 1, 2)
+    assert [note.split(" (")[0] for note in placement.conflicts] == ["local_size 2"]
+    middle = regroup(detect(MPICH_TWO_PER_NODE), [0, 0, 0, 1], HOW)
+    assert (middle.local_rank, middle.local_size, middle.node_rank) == (1, 3, 0)
+    assert [note.split(" (")[0] for note in middle.conflicts] == ["local_rank 0", "local_size 2"]
+
+
+def test_regroup_that_agrees_adds_no_conflict_but_says_it_measured():
+    placement = regroup(detect(SPMD), [0, 0, 0, 0], HOW)
+    assert placement.conflicts == () and placement.sources["node_rank"] == f"measured: {HOW}"
+    assert placement.host is None and "host" not in placement.sources
+
+
+def test_regroup_keeps_earlier_conflicts_and_the_rest_of_the_placement():
+    before = detect({**MPICH_TWO_PER_NODE, "RANK": "0", "WORLD_SIZE": "4", "MASTER_PORT": "29500"})
+    after = regroup(before, [0, 1, 0, 1], HOW)
+    assert after.conflicts[:-1] == before.conflicts and len(before.conflicts) == 1
+    assert (after.rank, after.size, after.launcher, after.master_port) == (1, 4, "mpich", 29500)
+    assert before.node_rank == 0  # the original is left as it was
+
+
+def test_regroup_with_names_sets_the_host():
+    placement = regroup(detect(MPICH_TWO_PER_NODE), [0, 1, 0, 1], HOW, ["a", "b", "a", "b"])
+    assert placement.host == "b" and placement.sources["host"] == "measured: this rank's host name"
+    assert placement.as_dict()["host"] == "b"
+    assert "host        b        [measured: this rank's host name]" in placement.describe()
+
+
+@pytest.mark.parametrize("hosts", [[0, 1, 0], [0, 1, 0, 1, 0]])
+def test_regroup_with_the_wrong_number_of_hosts(hosts):
+    with pytest.raises(PlacementError, match=f"{len(hosts)} ranks described their hosts, but the job has 4"):
+        regroup(detect(MPICH_TWO_PER_NODE), hosts, HOW)
