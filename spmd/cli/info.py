@@ -51,7 +51,34 @@ def gather_info(environ=None):
     if placement is not None:
         report["auto_backend"] = _auto_choice(placement, available)
     report["devices"] = _devices()
+    report["network"] = _network(placement, environ)
     return report, placement
+
+
+def _network(placement, environ):
+    """This host's name, what it resolves to, its addresses, and the interface spmd would use."""
+    from spmd.runtime import network
+
+    card = network.local_card()
+    out = {"host": card.name, "resolves_to": list(card.resolves_to),
+           "addresses": [f"{a.interface} {a.ip}/{a.prefix}" for a in card.addresses],
+           "note": network.loopback_name_note(card)}
+    toward = placement.master_addr if placement is not None else None
+    try:
+        if network.user_interface(environ) is not None or placement is None or placement.size == 1:
+            choice = network.choose_toward(card, "127.0.0.1", None, environ, same_host=True)
+        elif toward:
+            target = network.resolved(toward) or toward
+            choice = network.choose_toward(card, target, network.route_source(target), environ)
+        else:
+            choice = None
+            out["choice"] = ("chosen at init from every rank's host, over MPI or the rendezvous store: an address "
+                             "on the network every other host shares (comm.placement.address)")
+    except SpmdError as exc:
+        choice, out["choice"] = None, f"error: {exc}"
+    if choice is not None:
+        out["choice"] = f"{choice.interface} {choice.address}: {choice.why}"
+    return out
 
 
 @click.command()
@@ -72,6 +99,12 @@ def info(as_json):
         if "auto_backend" in report:
             click.echo(f"auto would choose: {report['auto_backend']}")
         click.echo(f"CUDA devices: {report['devices']['cuda']}")
+        net = report["network"]
+        click.echo(f"host: {net['host']} (its name resolves to {', '.join(net['resolves_to']) or 'nothing'})")
+        click.echo(f"addresses: {'; '.join(net['addresses'])}")
+        if net["note"]:
+            click.echo(f"note: {net['note']}; spmd never publishes it to another host")
+        click.echo(f"network: {net['choice']}")
         if report["error"]:
             click.echo(f"error: {report['error']}", err=True)
     sys.exit(1 if report["error"] else 0)

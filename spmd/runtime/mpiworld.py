@@ -11,7 +11,7 @@ import time
 from spmd.config.placement import check_mpi_vendor, check_mpi_world
 from spmd.runtime.mpishm import release_segments
 
-__all__ = ["mpi_world", "init_mpi_within", "release_segments_of"]
+__all__ = ["mpi_world", "init_mpi_within", "release_segments_of", "interface_for_mpi"]
 
 
 def init_mpi_within(MPI, placement, seconds):
@@ -42,6 +42,17 @@ def init_mpi_within(MPI, placement, seconds):
         os.waitpid(child, 0)
 
 
+def interface_for_mpi(environ):
+    """SPMD_IFNAME, told to the MPI library too before MPI_Init, unless the user told it already:
+    Open MPI's TCP transport (OMPI_MCA_btl_tcp_if_include) and UCX's network devices
+    (UCX_NET_DEVICES, the MPICH wheel's).  On hosts with several interfaces, one of them holding
+    an address every host has (docker0's), Open MPI's TCP transport otherwise mixes up peers."""
+    name = (environ.get("SPMD_IFNAME") or "").strip()
+    if name:
+        environ.setdefault("OMPI_MCA_btl_tcp_if_include", name)
+        environ.setdefault("UCX_NET_DEVICES", name)
+
+
 def mpi_world(placement, seconds):
     """Return MPI.COMM_WORLD if mpi4py is importable and agrees with the launcher."""
     try:
@@ -56,6 +67,7 @@ def mpi_world(placement, seconds):
 
     if not MPI.Is_initialized():
         check_mpi_vendor(placement, MPI.get_vendor()[0], MPI.Get_library_version())
+        interface_for_mpi(os.environ)
         init_mpi_within(MPI, placement, seconds)
     world = MPI.COMM_WORLD
     check_mpi_world(placement, world.Get_rank(), world.Get_size(), MPI.Get_library_version())

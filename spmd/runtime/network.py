@@ -27,7 +27,7 @@ from spmd.errors import RendezvousError
 
 __all__ = ["Address", "HostCard", "Choice", "local_card", "interfaces", "route_source", "hosts_of",
            "choose_server", "choose_toward", "user_interface", "loopback_name_note", "host_of_address",
-           "exchange_over_store", "to_text", "from_text"]
+           "exchange_over_store", "to_text", "from_text", "resolved"]
 
 _SIOCGIFADDR, _SIOCGIFNETMASK = 0x8915, 0x891B
 
@@ -141,6 +141,13 @@ def local_card() -> HostCard:
     """This host's card."""
     name = socket.gethostname()
     return HostCard(name, _identity(name), tuple(interfaces()), _resolve(name))
+
+
+def resolved(name: str) -> str | None:
+    """name's first address here that is not loopback, else its first, else None."""
+    ips = _resolve(name)
+    outward = [ip for ip in ips if not ipaddress.ip_address(ip).is_loopback]
+    return (outward or list(ips) or [None])[0]
 
 
 def route_source(dest: str) -> str | None:

@@ -308,7 +308,6 @@ class Lab:
 
     def command(self, host, cmd):
         """The argument list that runs cmd (a list) on host."""
-        holder = self.host(host).holder
         return [str(self.enter), host, *(shlex.quote(str(c)) for c in cmd)]
 
     def popen(self, host, cmd, env=None, **kwargs):

@@ -13,7 +13,7 @@ import pytest
 
 from tests.cluster.lab import SUBNET
 from tests.cluster.runs import HOSTS_PY, PY, Watched, env, hosts_rows, mpiexec, on
-from tests.support import REPO
+from tests.support import REPO, finish
 
 pytestmark = pytest.mark.cluster
 
@@ -163,3 +163,26 @@ def test_spmd_ifname_picks_the_interface(lab):
     rows = hosts_rows(out.stdout)
     assert_on_the_shared_network(rows)
     assert {r["why"] for r in rows} == {"SPMD_IFNAME=eth0"}
+
+
+@pytest.mark.parametrize("backend", ["gloo", "mpi"])
+def test_open_mpi_across_hosts_with_spmd_ifname(lab, openmpi, backend):
+    """Open MPI's mpirun over 2 hosts x 2 (its rsh agent enters each host), hosts naming themselves
+    127.0.1.1: SPMD_IFNAME=eth0 is told to Open MPI's TCP transport too, which dock0's address on
+    every host otherwise confuses ('received unexpected process identifier')."""
+    mpirun, python = openmpi
+    loopback_names(lab)
+    hostfile = lab.dir / "openmpi-hosts"
+    hostfile.write_text("h1 slots=2\nh2 slots=2\n")
+    cmd = [mpirun, "--mca", "plm_rsh_agent", lab.enter, "--hostfile", hostfile, "--map-by", "ppr:2:node",
+           "-n", "4", python, HOSTS_PY]
+    out = finish(lab.popen("login", [str(c) for c in cmd], env(SPMD_BACKEND=backend, SPMD_IFNAME="eth0",
+                                                                  OMPI_ALLOW_RUN_AS_ROOT=1,
+                                                                  OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1)),
+                 180, "Open MPI's mpirun across the lab's hosts")
+    assert out.returncode == 0, out.stdout[-4000:]
+    rows = hosts_rows(out.stdout)
+    assert [(r["host"], r["node_rank"], r["local_rank"]) for r in rows] == [
+        ("h1", 0, 0), ("h1", 0, 1), ("h2", 1, 0), ("h2", 1, 1)]
+    assert_on_the_shared_network(rows)
+    assert {(r["backend"], r["launcher"]) for r in rows} == {(backend, "openmpi")}

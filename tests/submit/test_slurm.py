@@ -355,9 +355,16 @@ def _stepds(job_id):
     return {pid: c for pid, c in marked(f"[{job_id}.").items() if c.startswith("slurmstepd")}
 
 
-def _watch_job(where, mark, times, stop):
-    """Note when the job's log shows every rank READY, then when the job's last process is gone."""
-    while not stop.is_set():
+def _watch_job(where, mark, times, stop, after_stop=5.0):
+    """Note when the job's log shows every rank READY, then when the job's last process is gone.
+
+    stop (set once bin/submit returned) does not end the watch at once: the job's last process may
+    have gone, and bin/submit returned, between two polls; the watch looks again, for up to
+    after_stop seconds, so that the end is always seen."""
+    stopped = None
+    while stopped is None or time.monotonic() - stopped < after_stop:
+        if stopped is None and stop.is_set():
+            stopped = time.monotonic()
         if "ready" not in times:
             logs = list((where / "logs").glob("faults-*.out")) if (where / "logs").exists() else []
             if logs and logs[0].read_text(errors="replace").count("READY rank") == 2:
@@ -400,7 +407,7 @@ def _srun_fault(cluster, where, scenario, extra):
                                      FAULTS, scenario, mark, env=env)
     finally:
         stop.set()
-        watcher.join(5)
+        watcher.join(10)
         left = left_behind(mark)
     assert not left, f"left behind (killed now): {left}\n{log}"
     # The job's slurmstepds (SLURM's, not the job's: left to SLURM) end soon after the job.
