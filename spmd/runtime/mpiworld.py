@@ -11,14 +11,34 @@ import time
 from spmd.config.placement import check_mpi_vendor, check_mpi_world
 from spmd.runtime.mpishm import release_segments
 
-__all__ = ["mpi_world", "init_mpi_within", "release_segments_of", "interface_for_mpi"]
+__all__ = ["mpi_world", "init_mpi_within", "release_segments_of", "interface_for_mpi", "srun_pmi2",
+           "PMI2_INIT_WITHIN"]
 
 
-def init_mpi_within(MPI, placement, seconds):
+#: Seconds MPI_Init may take under srun --mpi=pmi2 (at most SPMD_TIMEOUT): there, MPICH's PMI-2 client
+#: and Slurm's pmi2 plugin can garble a request and MPI_Init then waits for ever (see PMI2_STUCK).
+PMI2_INIT_WITHIN = 120.0
+PMI2_STUCK = (
+    "MPI_Init under srun --mpi=pmi2 did not complete within {seconds:g} s. A known fault between MPICH's "
+    "PMI-2 client and Slurm's pmi2 plugin: MPI's address is put in PMI segments that slurmstepd fails to "
+    "parse (srun's output then shows 'mpi/pmi2: value not properly terminated in client request'), and "
+    "every rank waits. Ways round: SPMD_IFNAME=<the interface the nodes share> (spmd passes it to UCX as "
+    "UCX_NET_DEVICES, and MPI's address fits one PMI value), or SPMD_BACKEND=gloo under plain srun, or "
+    "mpirun inside the allocation")
+
+
+def srun_pmi2(environ):
+    """Whether srun --mpi=pmi2 started this process (Slurm's pmi2 plugin sets PMI_JOBID; Hydra does not,
+    and sets MPI_LOCALNRANKS, which Slurm does not)."""
+    return bool(environ.get("PMI_JOBID")) and not environ.get("MPI_LOCALNRANKS") and bool(environ.get("PMI_FD"))
+
+
+def init_mpi_within(MPI, placement, seconds, stuck=None):
     """MPI_Init, which waits for every rank: end the job if one never comes.
 
     MPI_Init holds the GIL, so no Python thread can watch it; a forked child
-    does, and kills this process (and so, through the launcher, the job) when the time is up.
+    does, and kills this process (and so, through the launcher, the job) when the time is up,
+    saying stuck (formatted with seconds) if given, else that not every rank started.
     """
     parent = os.getpid()
     child = os.fork()
@@ -28,11 +48,11 @@ def init_mpi_within(MPI, placement, seconds):
             time.sleep(0.2)
             if os.getppid() != parent:  # the parent is gone: never kill a reused pid
                 os._exit(0)
-        os.write(2, (
-            f"### spmd: rank {placement.rank}: MPI_Init did not complete within {seconds:g} s: "
-            f"not all {placement.size} ranks started (see the launcher's output), "
-            "or raise SPMD_TIMEOUT\n"
-        ).encode())
+        why = stuck.format(seconds=seconds) if stuck else (
+            f"MPI_Init did not complete within {seconds:g} s: not all {placement.size} ranks started "
+            "(see the launcher's output), or raise SPMD_TIMEOUT")
+        if not stuck or placement.rank == 0:  # every rank is stuck alike: rank 0 says why
+            os.write(2, f"### spmd: rank {placement.rank}: {why}\n".encode())
         os.kill(parent, signal.SIGKILL)
         os._exit(0)
     try:
@@ -68,7 +88,10 @@ def mpi_world(placement, seconds):
     if not MPI.Is_initialized():
         check_mpi_vendor(placement, MPI.get_vendor()[0], MPI.Get_library_version())
         interface_for_mpi(os.environ)
-        init_mpi_within(MPI, placement, seconds)
+        if srun_pmi2(os.environ):
+            init_mpi_within(MPI, placement, min(seconds, PMI2_INIT_WITHIN), PMI2_STUCK)
+        else:
+            init_mpi_within(MPI, placement, seconds)
     world = MPI.COMM_WORLD
     check_mpi_world(placement, world.Get_rank(), world.Get_size(), MPI.Get_library_version())
     return world

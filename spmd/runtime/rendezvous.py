@@ -212,7 +212,11 @@ def _meet_at(placement, addr, port, timeout, environ, name, listen_fd=None):
             bind_ip, _ = bind_address(addr, placement, environ)
         return _serve(addr, port, placement.size, timeout, key, listen_fd, bind_ip)[0], addr, port
     key_of = (lambda deadline: key) if key is not None else (lambda deadline: secrets.read(name, environ, deadline))
-    return _join(addr, port, timeout, key_of, where=f"the rendezvous host {addr}"), addr, port
+    target, why = addr, f"the rendezvous host {addr}"
+    if placement.num_nodes > 1 and _is_loopback(addr):  # addr is this host's own name, resolving to
+        target, how = bind_address(addr, placement, environ)  # loopback: rank 0 serves where we would
+        why = how or why
+    return _join(target, port, timeout, key_of, where=why), addr, port
 
 
 def _publish_over_mpi(placement, mpi_comm, timeout, environ, addr=None, port=None, cards=None):

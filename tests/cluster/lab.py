@@ -238,6 +238,10 @@ class Lab:
         # The machine's /proc stays readable at MACHINE_PROC, so that what a host starts can enter another.
         script = (f"mount --rbind /proc {MACHINE_PROC} && mount -t proc proc /proc && " if own_pids else "") + (
             f"hostname {host.name} && mount -t tmpfs -o size=1g,mode=1777 {self.name}-shm /dev/shm && "
+            # ip netns exec mounted a sysfs of the namespace's, without the cgroup mounts under it:
+            # slurmd will not start without them (its cgroup plugin checks the systemd hierarchy, unused)
+            f"mount -t tmpfs -o mode=755 {self.name}-cgroup /sys/fs/cgroup && mkdir /sys/fs/cgroup/systemd && "
+            "mount -t cgroup -o none,name=systemd cgroup /sys/fs/cgroup/systemd && "
             "echo held && exec sleep infinity")
         proc = subprocess.Popen(
             ["ip", "netns", "exec", host.netns, "unshare", "--uts", "--ipc", "--mount", "--fork", "--kill-child",

@@ -151,6 +151,11 @@ class SlurmCluster:
 
     # -- starting ------------------------------------------------------------------
     @classmethod
+    def _make_conf(cls, root, ctld_port, node_ports, cpus, memory):
+        """slurm.conf's text and the node names (a subclass may place the daemons elsewhere)."""
+        return _conf(root, ctld_port, node_ports, cpus, memory)
+
+    @classmethod
     def start(cls, nodes=4, cpus=8, memory=4000, timeout=60):
         """Install what is missing, start the daemons, and wait until every node is idle."""
         if os.geteuid() != 0:
@@ -162,7 +167,7 @@ class SlurmCluster:
             (root / sub).mkdir(mode=0o755)
             os.chmod(root / sub, 0o755)
         ports = _free_ports(nodes + 1)
-        text, names = _conf(root, ports[0], ports[1:], cpus, memory)
+        text, names = cls._make_conf(root, ports[0], ports[1:], cpus, memory)
         cluster = cls(root, names)
         cluster.conf.write_text(text)
         try:

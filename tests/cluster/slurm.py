@@ -1,0 +1,63 @@
+"""A real SLURM on the private cluster: slurmctld on the login host, one slurmd on each compute host.
+
+    slurm = LabSlurm.start(lab)             # nodes h1..hN, named and addressed as the lab's hosts
+    lab.popen("login", ["srun", "-N", "2", ...], env=slurm.env(base))
+    slurm.stop()
+
+The daemons are tests/submit/slurm_cluster.py's (munged, slurm.conf and the rest under one
+directory), started inside the lab's hosts: munged on this machine (its socket is a file,
+which every host sees), slurmctld on the login host, slurmd -N hN on host hN at its own
+address, so that job steps run on the hosts, with their names, networks and PIDs.
+"""
+
+from __future__ import annotations
+
+import subprocess
+
+from tests.submit.slurm_cluster import SlurmCluster, _conf, _which
+
+__all__ = ["LabSlurm"]
+
+
+class LabSlurm(SlurmCluster):
+    """SlurmCluster whose daemons run on the lab's hosts (see the module)."""
+
+    lab = None  # set on the class start_on makes for one lab
+
+    @classmethod
+    def start_on(cls, lab, cpus=4, memory=2000, timeout=60):
+        """Start SLURM on lab's hosts; return it."""
+        on_lab = type(cls.__name__, (cls,), {"lab": lab})
+        return on_lab.start(nodes=len(lab.hosts), cpus=cpus, memory=memory, timeout=timeout)
+
+    @classmethod
+    def _make_conf(cls, root, ctld_port, node_ports, cpus, memory):
+        text, _ = _conf(root, ctld_port, node_ports, cpus, memory)
+        lab = cls.lab
+        lines = [line for line in text.splitlines() if not line.startswith(("NodeName=", "PartitionName=",
+                                                                             "SlurmctldHost="))]
+        lines.append(f"SlurmctldHost=login({lab.login.address})")
+        for host in lab.hosts:
+            lines.append(f"NodeName={host.name} NodeHostname={host.name} NodeAddr={host.address} Port=6818 "
+                         f"CPUs={cpus} RealMemory={memory} State=UNKNOWN")
+        lines.append("PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP")
+        return "\n".join(lines) + "\n", [h.name for h in lab.hosts]
+
+    def _spawn(self, name, cmd):
+        host = "login" if name == "slurmctld" else name[len("slurmd-"):] if name.startswith("slurmd-") else None
+        if host is not None:
+            cmd = self.lab.command(host, cmd)
+        return super()._spawn(name, cmd)
+
+    def run(self, cmd, check=True, timeout=30):
+        """A SLURM client command, from the login host."""
+        done = subprocess.run(self.lab.command("login", cmd), env=self.env(), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        if check and done.returncode:
+            raise RuntimeError(f"{' '.join(cmd)} failed ({done.returncode}): {done.stderr}")
+        return done
+
+    def srun(self, args, env, timeout=180):
+        """srun args from the login host; return the Popen (output piped)."""
+        return self.lab.popen("login", [_which("srun"), *map(str, args)], self.env(env))
+
