@@ -318,8 +318,9 @@ class Lab:
         """Start cmd on host, in a session of its own, output (both streams) piped as text."""
         kwargs.setdefault("stdout", subprocess.PIPE)
         kwargs.setdefault("stderr", subprocess.STDOUT)
+        kwargs.setdefault("cwd", str(REPO))
         return subprocess.Popen(self.command(host, cmd), env=env, text=True, start_new_session=True,
-                                stdin=subprocess.DEVNULL, cwd=str(REPO), **kwargs)
+                                stdin=subprocess.DEVNULL, **kwargs)
 
     def run(self, host, cmd, env=None, timeout=60):
         """Run cmd on host to its end (killed after timeout); return the CompletedProcess (output in stdout)."""

@@ -186,3 +186,28 @@ def test_open_mpi_across_hosts_with_spmd_ifname(lab, openmpi, backend):
         ("h1", 0, 0), ("h1", 0, 1), ("h2", 1, 0), ("h2", 1, 1)]
     assert_on_the_shared_network(rows)
     assert {(r["backend"], r["launcher"]) for r in rows} == {(backend, "openmpi")}
+
+
+def test_data_parallel_across_hosts_ends_with_the_single_host_parameters(lab):
+    """jobs/train_dp.py on 2 hosts x 2 ranks (gloo) ends with the parameters (sha256) that 4 ranks on
+    one host reach: gloo's ring sums in the same order wherever the ranks run."""
+    loopback_names(lab)
+    job = [PY, REPO / "jobs/train_dp.py", "--steps", "4", "--global-batch", "8", "--vocab", "512"]
+    across = mpiexec(lab, ["-n", "4", "-ppn", "2", *job], ["h1", "h2"], SPMD_BACKEND="gloo")
+    alone = mpiexec(lab, ["-n", "4", "-ppn", "4", *job], ["h3"], SPMD_BACKEND="gloo")
+    assert across.returncode == 0 and alone.returncode == 0, across.stdout[-3000:] + alone.stdout[-3000:]
+    digest = lambda out: re.search(r"parameters identical on 4 ranks \(sha256 (\w+)\)", out).group(1)  # noqa: E731
+    assert digest(across.stdout) == digest(alone.stdout)
+
+
+def test_a_users_pytest_file_under_mpiexec_across_hosts(lab, tmp_path):
+    """The spmd pytest plugin in a world of 4 over 2 hosts: the outcomes it has in a world of 4 on one."""
+    from tests.testing.runs import UNDER_A_WORLD_OF_4, cases, user_dir
+
+    where = user_dir(tmp_path, "user")
+    junit = where / "junit.xml"
+    cmd = lab.mpiexec_args(str(REPO / ".venv" / "bin" / "mpiexec"),
+                           ["-n", "4", "-ppn", "2", PY, "-m", "pytest", "-rA", "-p", "no:cacheprovider",
+                            f"--junitxml={junit}"], ["h1", "h2"])
+    finish(lab.popen("login", cmd, env(), cwd=where), 300, "pytest under mpiexec across hosts")
+    assert {name: outcome for name, (outcome, _, _) in cases(junit).items()} == UNDER_A_WORLD_OF_4

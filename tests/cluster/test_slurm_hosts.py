@@ -1,0 +1,83 @@
+"""A real SLURM across the private cluster's hosts: slurmctld on the login host, a slurmd per host.
+
+srun and bin/submit start ranks on h1..h3, each host naming itself 127.0.1.1 and carrying dock0
+(the same address on every host): spmd must meet on eth0, and know which ranks share a host.
+"""
+
+import re
+import tempfile
+
+import pytest
+
+from tests.cluster.runs import HOSTS_PY, PY, env, hosts_rows
+from tests.cluster.slurm import LabSlurm
+from tests.cluster.test_hosts import assert_on_the_shared_network, loopback_names
+from tests.submit.slurm_cluster import SlurmUnavailable
+from tests.submit.slurm_cluster import _which as slurm_bin
+from tests.support import REPO, finish, missing
+
+pytestmark = pytest.mark.cluster
+
+SUBMIT = REPO / "bin" / "submit"
+
+
+@pytest.fixture
+def slurm(lab):
+    """SLURM on the lab's hosts, started after the lab's reset (which ends every process of a host)
+    and stopped before the next; a start takes about a second."""
+    try:
+        cluster = LabSlurm.start_on(lab)
+    except SlurmUnavailable as exc:
+        missing(f"no SLURM on the private cluster: {exc}")
+    yield cluster
+    cluster.stop()
+
+
+def job_env(slurm, **extra):
+    # Job ids start at 1 in every test cluster: a secret file of an earlier cluster's job 1 must not be read.
+    return slurm.env(env(SPMD_SECRET_DIR=tempfile.mkdtemp(prefix="spmd-secrets-"), **extra))
+
+
+@pytest.mark.parametrize("backend, mpi", [("gloo", "none"), ("mpi", "pmi2")])
+def test_srun_across_hosts(lab, slurm, backend, mpi):
+    """srun -N 2 -n 4 (3 tasks on h1, 1 on h2): the rendezvous of plain srun at the first node's name,
+    which resolves to loopback there, and MPI under --mpi=pmi2; placement and address from the hosts."""
+    loopback_names(lab)
+    proc = slurm.srun(["-N", "2", "-n", "4", f"--mpi={mpi}", PY, HOSTS_PY], job_env(slurm, SPMD_BACKEND=backend))
+    out = finish(proc, 240, f"srun --mpi={mpi} across the lab's hosts")
+    assert out.returncode == 0, out.stdout[-4000:]
+    rows = hosts_rows(out.stdout)
+    assert [(r["host"], r["node_rank"], r["local_rank"], r["local_size"]) for r in rows] == [
+        ("h1", 0, 0, 3), ("h1", 0, 1, 3), ("h1", 0, 2, 3), ("h2", 1, 0, 1)]
+    assert_on_the_shared_network(rows)
+    assert {r["backend"] for r in rows} == {backend}
+    assert {r["launcher"] for r in rows} == {"slurm" if mpi == "none" else "mpich"}
+
+
+def test_bin_submit_across_hosts(lab, slurm, tmp_path):
+    """bin/submit -N 3 --ntasks-per-node 1 from the login host: the batch job's srun spreads the
+    guide's collectives over h1-h3 and they print the single-host values."""
+    loopback_names(lab)
+    cmd = [str(SUBMIT), "--wait", "--tail", "0", "-N", "3", "--ntasks-per-node", "1", "-t", "5",
+           str(REPO / "jobs" / "collectives.py")]
+    out = finish(lab.popen("login", cmd, job_env(slurm, SPMD_PYTHON=PY), cwd=tmp_path), 240,
+                 "bin/submit across the lab's hosts")
+    assert out.returncode == 0, out.stdout[-4000:]
+    log = re.search(r"^job \S+ \S+, exit code \S+; log (.*)$", out.stdout, re.M)
+    assert log, out.stdout
+    text = open(log[1]).read()
+    assert "Reduced result on rank 0: 6.0" in text, text[-3000:]  # 1 + 2 + 3
+    assert "Gathered results: [2.0, 4.0, 6.0]" in text, text[-3000:]
+
+
+def test_a_users_pytest_file_under_srun_across_hosts(lab, slurm, tmp_path):
+    """The spmd pytest plugin in a world of 4 that srun spreads over h1 and h2 (plain srun, gloo)."""
+    from tests.testing.runs import UNDER_A_WORLD_OF_4, cases, user_dir
+
+    loopback_names(lab)
+    where = user_dir(tmp_path, "user")
+    junit = where / "junit.xml"
+    cmd = [slurm_bin("srun"), "-N", "2", "-n", "4", "--ntasks-per-node", "2", PY, "-m", "pytest", "-rA",
+           "-p", "no:cacheprovider", f"--junitxml={junit}"]
+    finish(lab.popen("login", cmd, job_env(slurm), cwd=where), 300, "pytest under srun across hosts")
+    assert {name: outcome for name, (outcome, _, _) in cases(junit).items()} == UNDER_A_WORLD_OF_4
