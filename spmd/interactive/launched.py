@@ -92,10 +92,10 @@ class LaunchedHost(Host):
 
 
 def _address(comm: Any) -> str:
+    """Rank 0's address that every rank reaches: the one init chose (spmd.runtime.network)."""
     if comm.num_nodes == 1:
         return "127.0.0.1"
-    infos = socket.getaddrinfo(socket.gethostname(), None, type=socket.SOCK_STREAM)
-    return next((i[4][0] for i in infos if not i[4][0].startswith("127.")), infos[0][4][0])
+    return comm.placement.address
 
 
 def _prompt(front: socket.socket, size: int, timeout: float | None) -> None:

@@ -319,8 +319,8 @@ class Lab:
         kwargs.setdefault("stdout", subprocess.PIPE)
         kwargs.setdefault("stderr", subprocess.STDOUT)
         kwargs.setdefault("cwd", str(REPO))
-        return subprocess.Popen(self.command(host, cmd), env=env, text=True, start_new_session=True,
-                                stdin=subprocess.DEVNULL, **kwargs)
+        kwargs.setdefault("stdin", subprocess.DEVNULL)
+        return subprocess.Popen(self.command(host, cmd), env=env, text=True, start_new_session=True, **kwargs)
 
     def run(self, host, cmd, env=None, timeout=60):
         """Run cmd on host to its end (killed after timeout); return the CompletedProcess (output in stdout)."""

@@ -6,6 +6,8 @@ holding the same address as every other host's; most tests also make each host n
 """
 
 import ipaddress
+import os
+import subprocess
 import re
 import time
 
@@ -211,3 +213,19 @@ def test_a_users_pytest_file_under_mpiexec_across_hosts(lab, tmp_path):
                             f"--junitxml={junit}"], ["h1", "h2"])
     finish(lab.popen("login", cmd, env(), cwd=where), 300, "pytest under mpiexec across hosts")
     assert {name: outcome for name, (outcome, _, _) in cases(junit).items()} == UNDER_A_WORLD_OF_4
+
+
+def test_a_repl_with_ranks_on_two_hosts(lab):
+    """python -m spmd.repl under mpiexec over h1 and h2 (names resolving to loopback): every statement
+    runs on every rank, and each answers from its own host."""
+    loopback_names(lab)
+    cmd = lab.mpiexec_args(str(REPO / ".venv" / "bin" / "mpiexec"), ["-n", "4", "-ppn", "2", PY, "-m", "spmd.repl"],
+                           ["h1", "h2"])
+    proc = lab.popen("login", cmd, env(), stdin=subprocess.PIPE)
+    try:
+        out, _ = proc.communicate("import socket\nsocket.gethostname(), comm.node_rank\n", timeout=180)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        pytest.fail(f"the REPL did not end: {proc.communicate()[0][-3000:]}")
+    assert proc.returncode == 0, out[-3000:]
+    assert "[0-1] ('h1', 0)" in out and "[2-3] ('h2', 1)" in out, out[-3000:]
