@@ -177,17 +177,15 @@ def abort_job(code=1, after=None):
 
 
 def report_everywhere(exc: BaseException) -> None:
-    """An error every rank of an MPI world met alike at init (spmd.init): rank 0 prints it at once, the
-    others wait for that in a barrier (so that no launcher ends rank 0 before it spoke), and each then
-    raises it with ``said`` set: an uncaught one ends the process with status 1 and no second report
-    (the excepthook set here; python -m spmd does the same)."""
-    from mpi4py import MPI
-
-    world = MPI.COMM_WORLD
-    if world.Get_rank() == 0:
+    """An error every rank met alike at init (marked by spmd.runtime.rendezvous.everywhere): rank 0
+    prints it at once, every rank waits until it has (so that no launcher ends rank 0 first), and each
+    then raises it with ``said`` set: an uncaught one ends the process with status 1 and no second
+    report (the excepthook set here; python -m spmd does the same)."""
+    rank, said = exc.everywhere  # type: ignore[attr-defined]
+    if rank == 0:
         sys.stderr.write(f"### spmd: init failed on every rank ({type(exc).__name__}):\n{exc}\n")
         sys.stderr.flush()
-    world.Barrier()
+    said()
     exc.said = True  # type: ignore[attr-defined]
     previous = sys.excepthook
 

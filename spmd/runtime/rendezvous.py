@@ -27,7 +27,8 @@ from datetime import timedelta
 from spmd.errors import RendezvousError
 from spmd.runtime import secret as secrets
 
-__all__ = ["slurm_port", "check_address", "rendezvous", "await_peers", "bind_address", "gloo_interface"]
+__all__ = ["slurm_port", "check_address", "rendezvous", "await_peers", "bind_address", "gloo_interface",
+           "everywhere", "said_over_store"]
 
 PORT_BASE, PORT_SPAN = 20000, 10000
 
@@ -242,7 +243,7 @@ def _publish_over_mpi(placement, mpi_comm, timeout, environ, addr=None, port=Non
             error = str(exc)
     addr, port, error, key, why = mpi_comm.bcast((addr, port, error, key, why), 0)
     if error:
-        raise everywhere(RendezvousError(error))
+        raise everywhere(RendezvousError(error), placement.rank, mpi_comm.Barrier)
     if store is None:
         try:
             check_address(addr, "the rendezvous address published by rank 0")
@@ -256,14 +257,30 @@ def _publish_over_mpi(placement, mpi_comm, timeout, environ, addr=None, port=Non
         server = getattr(store, "server", None)
         if server is not None:
             server.close()
-        raise everywhere(RendezvousError(_who_failed(failed, cards, addr, port, placement.size)))
+        raise everywhere(RendezvousError(_who_failed(failed, cards, addr, port, placement.size)), placement.rank,
+                         mpi_comm.Barrier)
     return store, addr, port
 
 
-def everywhere(exc):
-    """Mark exc as raised alike on every rank (so that one rank says it: spmd.runtime.start)."""
-    exc.everywhere = True
+def everywhere(exc, rank, said):
+    """Mark exc as raised alike on every rank, so that rank 0 alone says it (spmd.failfast.abort's
+    report_everywhere): rank is this rank's; said(), called by every rank once rank 0 has written
+    it, returns when every rank may end (a barrier: no launcher then ends rank 0 before it spoke)."""
+    exc.everywhere = (rank, said)
     return exc
+
+
+def said_over_store(store, rank, seconds=10.0):
+    """A said() for everywhere through a store: rank 0 sets a key, the others wait for it (bounded)."""
+    def said():
+        if rank == 0:
+            store.set("spmd/said", "1")
+            return
+        try:
+            store.wait(["spmd/said"], timedelta(seconds=seconds))
+        except Exception:  # noqa: BLE001 - rank 0 gone: end anyway
+            pass
+    return said
 
 
 def _who_failed(failed, cards, addr, port, size):

@@ -19,9 +19,10 @@ from typing import TYPE_CHECKING, Callable, TypeVar
 
 from spmd.failfast import abort
 from spmd.runtime import backends, hints, mpiworld, network, output
-from spmd.runtime.rendezvous import gloo_interface
+from spmd.runtime.pairs import check_pairs
+from spmd.runtime.rendezvous import everywhere, gloo_interface, said_over_store
 from spmd.failfast.abort import abort_job
-from spmd.errors import BackendError, SettingsError, SpmdError
+from spmd.errors import BackendError, RendezvousError, SettingsError, SpmdError
 from spmd.config.placement import detect, regroup
 from spmd.config.settings import DEFAULT_TIMEOUT, Settings, parse_timeout
 
@@ -205,7 +206,13 @@ def _meet(placement, settings, mpi_world, environ, card, cards, counted=True):
     if cards is None:
         cards = network.exchange_over_store(store, placement.rank, placement.size, card)
         placement = _placed(placement, cards, "ranks grouped by host through the rendezvous store")
-    return store, _addressed(placement, gloo_interface(placement, addr, environ, card, cards))
+    placement = _addressed(placement, gloo_interface(placement, addr, environ, card, cards))
+    try:  # before gloo connects every pair of ranks, and waits out a partition
+        check_pairs(store, placement.rank, placement.node_rank, placement.local_rank == 0, placement.num_nodes,
+                    card.name, placement.address, placement.interface, settings.timeout)
+    except RendezvousError as exc:
+        raise everywhere(exc, placement.rank, said_over_store(store, placement.rank)) from None
+    return store, placement
 
 
 def _addressed(placement, choice):

@@ -229,3 +229,23 @@ def test_a_repl_with_ranks_on_two_hosts(lab):
         pytest.fail(f"the REPL did not end: {proc.communicate()[0][-3000:]}")
     assert proc.returncode == 0, out[-3000:]
     assert "[0-1] ('h1', 0)" in out and "[2-3] ('h2', 1)" in out, out[-3000:]
+
+
+def test_a_partition_between_two_hosts_is_named_before_gloo_waits_it_out(lab):
+    """h2 and h3 drop each other's packets (both reach h1, where torchrun's store is): spmd's pair check
+    names both directions of that pair, once, well before SPMD_TIMEOUT (120 s), where gloo's
+    connectFullMesh would time out naming neither host."""
+    lab.drop("h2", "h3")
+    torchrun = str(REPO / ".venv" / "bin" / "torchrun")
+    started = time.monotonic()
+    agents = [lab.popen(host, [torchrun, "--nnodes", "3", "--nproc-per-node", "1", "--node-rank", str(i),
+                               "--master-addr", f"{SUBNET}.11", "--master-port", "29518", HOSTS_PY],
+                        env(SPMD_TIMEOUT="120"))
+              for i, host in enumerate(["h1", "h2", "h3"])]
+    out = "".join(a.communicate(timeout=240)[0] for a in agents)
+    took = time.monotonic() - started
+    assert all(a.returncode != 0 for a in agents), out[-4000:]
+    assert out.count("### spmd: init failed on every rank") == 1, out[-4000:]
+    assert re.search(r"h2 -> h3: 198\.18\.0\.13:\d+ \(eth0\): no answer within 5 s", out), out[-4000:]
+    assert re.search(r"h3 -> h2: 198\.18\.0\.12:\d+ \(eth0\)", out) and "h1 ->" not in out, out[-4000:]
+    assert took < 90, f"took {took:.0f} s"
