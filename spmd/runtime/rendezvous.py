@@ -16,7 +16,6 @@ Except torchrun's, the store is spmd's own (``spmd.runtime.jobstore``): on one
 interface, for holders of the job's secret (``spmd.runtime.secret``).
 """
 
-import errno
 import ipaddress
 import os
 import socket
@@ -26,6 +25,8 @@ from datetime import timedelta
 
 from spmd.errors import RendezvousError
 from spmd.runtime import secret as secrets
+from spmd.runtime.unreachable import (ANSWER_WITHIN, CERTAIN, CERTAIN_WITHIN, cannot_serve, probe_store, unreached,
+                                      who_failed)
 
 __all__ = ["slurm_port", "check_address", "rendezvous", "await_peers", "bind_address", "gloo_interface",
            "everywhere", "said_over_store"]
@@ -52,25 +53,6 @@ def check_address(addr, where="MASTER_ADDR"):
     return addr
 
 
-def _cannot_serve(addr, port, exc):
-    """The error of a store that cannot listen at addr:port, by its cause: a name, an address, a port."""
-    here = socket.gethostname()
-    if isinstance(exc, socket.gaierror):
-        return RendezvousError(
-            f"cannot serve the rendezvous on {addr}: the name {addr!r} does not resolve on {here} ({exc}). "
-            "Fix the name (/etc/hosts or DNS), set MASTER_ADDR to an address, or set SPMD_IFNAME to the "
-            "interface the other hosts reach")
-    if exc.errno == errno.EADDRNOTAVAIL:
-        return RendezvousError(
-            f"cannot serve the rendezvous on {addr}:{port}: {addr} is not an address of this host ({here}). "
-            "Set MASTER_ADDR to an address of rank 0's host, or unset it")
-    if exc.errno in (errno.EADDRINUSE, errno.EACCES):
-        return RendezvousError(
-            f"cannot serve the rendezvous on {addr}:{port}: {exc}. The port is in use (or reserved); "
-            "choose another MASTER_PORT (or SPMD_PORT), or unset it and let spmd pick a free one")
-    return RendezvousError(f"cannot serve the rendezvous on {addr}:{port} on {here}: {exc}")
-
-
 def _interface(addr):
     """The address of addr to bind: its first that is not loopback, for ranks on other hosts (Debian
     maps a host's own name to 127.0.1.1), else its first."""
@@ -91,7 +73,7 @@ def bind_address(addr, placement, environ, card=None):
     try:
         ip = _interface(addr)
     except (OSError, UnicodeError) as exc:
-        raise _cannot_serve(addr, None, exc) if isinstance(exc, OSError) else RendezvousError(str(exc)) from None
+        raise cannot_serve(addr, None, exc) if isinstance(exc, OSError) else RendezvousError(str(exc)) from None
     if placement.num_nodes == 1 or not ipaddress.ip_address(ip.split("%")[0]).is_loopback:
         return ip, None
     card = card or network.local_card()
@@ -113,15 +95,11 @@ def _serve(addr, port, size, timeout, key, listen_fd=None, bind_ip=None):
         try:
             sock = bind(bind_ip or _interface(addr), port or 0, max(size, socket.SOMAXCONN))
         except OSError as exc:
-            raise _cannot_serve(bind_ip or addr, port, exc) from None
+            raise cannot_serve(bind_ip or addr, port, exc) from None
     server = StoreServer(sock, key)
     store = JobStore(server.address, key, timeout)
     store.server = server  # lives as long as the store torch holds
     return store, server.address[1]
-
-
-#: Seconds a rank keeps trying a store that refuses it or has no route, when rank 0 is known to listen.
-CERTAIN_WITHIN = 3.0
 
 
 def _join(addr, port, timeout, key_of, listening=False, where=""):
@@ -136,7 +114,7 @@ def _join(addr, port, timeout, key_of, listening=False, where=""):
     started = time.monotonic()
     deadline, pause = started + timeout, 0.01
     if listening:
-        _probe(addr, port, min(timeout, ANSWER_WITHIN), where)
+        probe_store(addr, port, min(timeout, ANSWER_WITHIN), where)
     while True:
         store = JobStore((addr, port), key_of(deadline), timeout)
         try:
@@ -144,61 +122,11 @@ def _join(addr, port, timeout, key_of, listening=False, where=""):
             return store
         except RendezvousError as exc:
             code = getattr(exc, "errno", None)
-            certain = listening and code in _CERTAIN and time.monotonic() - started > CERTAIN_WITHIN
+            certain = listening and code in CERTAIN and time.monotonic() - started > CERTAIN_WITHIN
             if certain or time.monotonic() > deadline:
-                raise RendezvousError(_unreached(addr, port, code, exc, where, time.monotonic() - started)) from None
+                raise RendezvousError(unreached(addr, port, code, exc, where, time.monotonic() - started)) from None
         time.sleep(pause)
         pause = min(2 * pause, 0.2)
-
-
-_CERTAIN = (errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH)
-#: Seconds a connection to a store known to listen may take: a kernel answers a SYN in milliseconds
-#: whatever its process does, so no answer by then is a firewall that drops, or a partition.
-ANSWER_WITHIN = 10.0
-
-
-def _probe(addr, port, seconds, where):
-    """Raise RendezvousError, naming the cause, unless a TCP connection to addr:port opens within seconds
-    (retried on a refusal or a missing route for CERTAIN_WITHIN seconds)."""
-    started = time.monotonic()
-    while True:
-        try:
-            socket.create_connection((addr, port), timeout=max(0.1, started + seconds - time.monotonic())).close()
-            return
-        except socket.timeout:
-            raise RendezvousError(
-                f"{socket.gethostname()} got no answer from {addr}:{port} (rank 0's rendezvous{f', {where}' if where else ''}) "
-                f"within {seconds:g} s, though rank 0 listens there: a firewall that drops packets, or a "
-                "partition between the hosts") from None
-        except OSError as exc:
-            waited = time.monotonic() - started
-            if exc.errno not in _CERTAIN or waited > CERTAIN_WITHIN:
-                raise RendezvousError(_unreached(addr, port, exc.errno, exc, where, waited)) from None
-        time.sleep(0.2)
-
-
-def _unreached(addr, port, code, exc, where, waited):
-    here = socket.gethostname()
-    chosen = f" ({where})" if where else ""
-    try:
-        loop = ipaddress.ip_address(addr.split("%")[0]).is_loopback
-    except ValueError:
-        loop = False
-    if loop:
-        return (f"rank 0 serves the rendezvous at {addr}:{port}{chosen}, a loopback address that {here} cannot "
-                "reach from another host. Set SPMD_IFNAME (or MASTER_ADDR) to rank 0's interface (or address) "
-                "on the network the hosts share, or fix rank 0's host name in /etc/hosts")
-    if code == errno.ECONNREFUSED:
-        return (f"{here} reached {addr} but port {port} refused the connection (waited {waited:.1f} s): "
-                f"rank 0 serves the rendezvous at {addr}:{port}{chosen}. A firewall that rejects the port, or "
-                "another host holding that address; open the port range (or set SPMD_PORT/MASTER_PORT to an "
-                "open port), or set SPMD_IFNAME to the interface the hosts share")
-    if code in (errno.EHOSTUNREACH, errno.ENETUNREACH):
-        return (f"{here} has no route to {addr} (rank 0's rendezvous address{chosen}): {exc}. Set SPMD_IFNAME "
-                "to rank 0's interface on the network the hosts share")
-    return (f"could not join the rendezvous at {addr}:{port}{chosen} within {waited:.0f} s ({exc}); check that "
-            f"rank 0 started and that {addr} is reachable from {here} (a firewall that drops packets, or a "
-            "partition), or set SPMD_IFNAME")
 
 
 def _meet_at(placement, addr, port, timeout, environ, name, listen_fd=None):
@@ -248,7 +176,7 @@ def _publish_over_mpi(placement, mpi_comm, timeout, environ, addr=None, port=Non
         try:
             check_address(addr, "the rendezvous address published by rank 0")
             if cards is not None and cards[placement.rank].key != cards[0].key and _is_loopback(addr):
-                raise RendezvousError(_unreached(addr, port, None, "", why, 0.0))
+                raise RendezvousError(unreached(addr, port, None, "", why, 0.0))
             store = _join(addr, port, timeout, lambda deadline: key, listening=True, where=why)
         except RendezvousError as exc:
             error = str(exc)
@@ -257,7 +185,7 @@ def _publish_over_mpi(placement, mpi_comm, timeout, environ, addr=None, port=Non
         server = getattr(store, "server", None)
         if server is not None:
             server.close()
-        raise everywhere(RendezvousError(_who_failed(failed, cards, addr, port, placement.size)), placement.rank,
+        raise everywhere(RendezvousError(who_failed(failed, cards, addr, port, placement.size)), placement.rank,
                          mpi_comm.Barrier)
     return store, addr, port
 
@@ -281,20 +209,6 @@ def said_over_store(store, rank, seconds=10.0):
         except Exception:  # noqa: BLE001 - rank 0 gone: end anyway
             pass
     return said
-
-
-def _who_failed(failed, cards, addr, port, size):
-    """One message for the ranks that could not reach rank 0's store: which, on which hosts, and why."""
-    by_message = {}
-    for rank, message in failed:
-        by_message.setdefault(message, []).append(rank)
-    host0 = f" on {cards[0].name}" if cards else ""
-    lines = [f"{len(failed)} of {size - 1} ranks could not reach rank 0's rendezvous at {addr}:{port}{host0}:"]
-    for message, ranks in by_message.items():
-        where = sorted({cards[r].name for r in ranks}) if cards else []
-        shown = ", ".join(map(str, ranks[:12])) + (" ..." if len(ranks) > 12 else "")
-        lines.append(f"  ranks {shown}{' on ' + ', '.join(where) if where else ''}: {message}")
-    return "\n".join(lines)
 
 
 def _is_loopback(addr):
