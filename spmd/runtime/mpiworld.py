@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import sys
 import time
 
 from spmd.config.placement import check_mpi_vendor, check_mpi_world
+from spmd.errors import SettingsError
 from spmd.runtime.mpishm import release_segments
 
 __all__ = ["mpi_world", "init_mpi_within", "release_segments_of", "interface_for_mpi", "srun_pmi2",
@@ -68,6 +70,13 @@ def interface_for_mpi(environ):
     (UCX_NET_DEVICES, the MPICH wheel's).  On hosts with several interfaces, one of them holding
     an address every host has (docker0's), Open MPI's TCP transport otherwise mixes up peers."""
     name = (environ.get("SPMD_IFNAME") or "").strip()
+    if name and name not in {n for _, n in socket.if_nameindex()}:  # before MPI_Init fails on it, unexplained
+        from spmd.runtime.network import local_card
+
+        card = local_card()
+        have = ", ".join(f"{a.interface} ({a.ip})" for a in card.addresses) or "none"
+        raise SettingsError(f"SPMD_IFNAME={name} names no interface of host {card.name} (its interfaces: {have}); "
+                            "set SPMD_IFNAME to one of them on every host, or unset it and let spmd choose")
     if name:
         environ.setdefault("OMPI_MCA_btl_tcp_if_include", name)
         environ.setdefault("UCX_NET_DEVICES", name)

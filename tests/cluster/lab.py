@@ -215,10 +215,22 @@ class Lab:
             (etc / "hosts").write_text(self._hosts_file(host))
         for host in everyone:
             self._hold(host)
+        self._settle(everyone)
         self.hostfile.write_text("".join(f"{h.name}\n" for h in self.hosts))
         self.enter.write_text(self._enter_script())
         self.enter.chmod(0o755)
         self._save()
+
+    def _settle(self, hosts, seconds=10.0):
+        """Wait until no host's address is still tentative (IPv6's duplicate address detection, about
+        2 s after a link comes up): UCX started before that failed the first MPI job on a new lab
+        ('incompatible loopback flags', 2 of 3 fresh labs; 0 of 3 after a wait)."""
+        deadline = time.monotonic() + seconds
+        for host in hosts:
+            while _sh("ip", "-n", host.netns, "-6", "addr", "show", "tentative", check=False).strip():
+                if time.monotonic() > deadline:
+                    raise LabUnavailable(f"host {host.name}'s addresses still tentative after {seconds:g} s")
+                time.sleep(0.1)
 
     def _hosts_file(self, host, own="real"):
         lines = ["127.0.0.1 localhost"]
@@ -377,6 +389,7 @@ class Lab:
 
     def mend(self, host):
         _sh("ip", "-n", f"{self.name}-sw", "link", "set", self.host(host).port, "up")
+        self._settle([self.host(host)])
 
     def drop(self, host, peer):
         """A silent partition between host and peer: their packets dropped both ways, no reset sent."""

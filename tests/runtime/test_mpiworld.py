@@ -8,6 +8,8 @@ import time
 
 import pytest
 
+from spmd.errors import SettingsError
+
 from spmd.runtime.mpiworld import PMI2_INIT_WITHIN, PMI2_STUCK, interface_for_mpi, srun_pmi2
 from tests.support import REPO
 
@@ -26,15 +28,17 @@ def test_srun_pmi2_is_told_from_hydra():
 
 
 def test_spmd_ifname_is_told_to_the_mpi_libraries_unless_they_were_told():
-    env = {"SPMD_IFNAME": "eth1"}
+    env = {"SPMD_IFNAME": "lo"}
     interface_for_mpi(env)
-    assert env["OMPI_MCA_btl_tcp_if_include"] == "eth1" and env["UCX_NET_DEVICES"] == "eth1"
-    env = {"SPMD_IFNAME": "eth1", "UCX_NET_DEVICES": "mlx5_0:1"}
+    assert env["OMPI_MCA_btl_tcp_if_include"] == "lo" and env["UCX_NET_DEVICES"] == "lo"
+    env = {"SPMD_IFNAME": "lo", "UCX_NET_DEVICES": "mlx5_0:1"}
     interface_for_mpi(env)
     assert env["UCX_NET_DEVICES"] == "mlx5_0:1"
     env = {}
     interface_for_mpi(env)
     assert env == {}
+    with pytest.raises(SettingsError, match=r"SPMD_IFNAME=nosuch0 names no interface of host .*\(its interfaces: lo"):
+        interface_for_mpi({"SPMD_IFNAME": "nosuch0"})
 
 
 WATCHED = textwrap.dedent("""
