@@ -64,13 +64,15 @@ def probe_store(addr, port, seconds, where):
 
 
 def unreached(addr, port, code, exc, where, waited):
+    """Why this host could not join the store at addr:port: code, the errno met (None: a loopback
+    address published to a rank on another host); where, how the address was chosen."""
     here = socket.gethostname()
     chosen = f" ({where})" if where else ""
     try:
         loop = ipaddress.ip_address(addr.split("%")[0]).is_loopback
     except ValueError:
         loop = False
-    if loop:
+    if loop and code is None:  # published to a rank on another host (a refusal on loopback is a port's)
         return (f"rank 0 serves the rendezvous at {addr}:{port}{chosen}, a loopback address that {here} cannot "
                 "reach from another host. Set SPMD_IFNAME (or MASTER_ADDR) to rank 0's interface (or address) "
                 "on the network the hosts share, or fix rank 0's host name in /etc/hosts")

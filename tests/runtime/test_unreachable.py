@@ -1,0 +1,49 @@
+"""Why the ranks could not meet, in words: each cause named as what it is, with its fix."""
+
+import errno
+import socket
+
+import pytest
+
+from spmd.runtime.network import Address, HostCard
+from spmd.runtime.unreachable import cannot_serve, probe_store, unreached, who_failed
+from spmd.errors import RendezvousError
+
+pytestmark = pytest.mark.unit
+
+
+def test_a_name_is_a_name_an_address_an_address_a_port_a_port():
+    name = str(cannot_serve("vm", None, socket.gaierror(-3, "Temporary failure in name resolution")))
+    assert "the name 'vm' does not resolve" in name and "port" not in name.split(".")[0]
+    addr = str(cannot_serve("10.9.9.9", 29500, OSError(errno.EADDRNOTAVAIL, "Cannot assign requested address")))
+    assert "10.9.9.9 is not an address of this host" in addr
+    port = str(cannot_serve("127.0.0.1", 29500, OSError(errno.EADDRINUSE, "Address already in use")))
+    assert "127.0.0.1:29500" in port and "in use" in port and "MASTER_PORT" in port
+
+
+def test_unreached_says_loopback_refusal_route_or_silence():
+    loop = unreached("127.0.1.1", 4000, None, "", "h1's name", 0.0)
+    assert "loopback" in loop and "SPMD_IFNAME" in loop and "(h1's name)" in loop
+    refused = unreached("198.18.0.11", 4000, errno.ECONNREFUSED, "", "", 3.0)
+    assert "port 4000 refused the connection" in refused
+    route = unreached("198.18.0.11", 4000, errno.EHOSTUNREACH, "No route to host", "", 3.0)
+    assert "has no route to 198.18.0.11" in route
+    other = unreached("198.18.0.11", 4000, errno.ETIMEDOUT, "timed out", "", 30.0)
+    assert "could not join the rendezvous at 198.18.0.11:4000 within 30 s" in other
+
+
+def test_who_failed_groups_ranks_by_message_and_names_hosts():
+    cards = [HostCard(f"h{h}", f"h{h}/b/i", (Address("eth0", f"198.18.0.1{h}", 24),)) for h in (1, 2, 2, 3)]
+    text = who_failed([(1, "refused"), (2, "refused"), (3, "no route")], cards, "198.18.0.11", 4000, 4)
+    assert text.splitlines()[0] == "3 of 3 ranks could not reach rank 0's rendezvous at 198.18.0.11:4000 on h1:"
+    assert "  ranks 1, 2 on h2: refused" in text and "  ranks 3 on h3: no route" in text
+
+
+def test_probe_store_names_a_refusal_within_the_certain_bound(monkeypatch):
+    import spmd.runtime.unreachable as unreachable
+
+    monkeypatch.setattr(unreachable, "CERTAIN_WITHIN", 0.3)
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+    with pytest.raises(RendezvousError, match=f"port {port} refused the connection"):
+        probe_store("127.0.0.1", port, 5, "")
