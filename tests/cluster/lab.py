@@ -26,7 +26,7 @@ Options, each a switch a test can flip at run time:
   partition, iptables DROP both ways;
 - ``outsider``: at start, one more host on the bridge that is in no job.
 
-Everything is named after the lab (``spmdlab<pid>-...``).  ``stop`` (and leaving
+Everything is named after the lab (``spmdlab<pid>-<n>-...``).  ``stop`` (and leaving
 the with block) kills every process of every host and removes every namespace
 and /etc/netns entry; a lab whose owner died without stopping is removed by the
 next ``Lab.start`` (``sweep``), and the holders die with the process that started
@@ -39,6 +39,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -54,6 +55,8 @@ SUBNET = "198.18.0"  # 198.18.0.0/15: set aside for network benchmarks (RFC 2544
 DUMMY_ADDRESS = "198.19.255.1"
 PREFIX = "spmdlab"
 NETNS = Path("/etc/netns")
+# a lab's name and its owner's PID, at the start of each of its namespaces' names: spmdlab<pid>-<n>-h1
+LAB_NAME = re.compile(rf"^({PREFIX}(\d+)(?:-\d+)?)-")
 STATE = Path(os.environ.get("SPMD_LAB_STATE", "/run/spmdlab"))
 MACHINE_PROC = "/run/spmdlab-machine-proc"  # empty here; inside a host, the machine's /proc
 REPO = Path(__file__).resolve().parents[2]
@@ -100,16 +103,18 @@ def _alive(pid):
 
 def sweep():
     """Remove every lab whose owner is gone: its namespaces, /etc/netns entries and state."""
-    owners = set()
-    for ns in _sh("ip", "netns", "list", check=False).split():
-        if ns.startswith(PREFIX) and "-" in ns:
-            owners.add(ns.split("-")[0])
-    if NETNS.is_dir():
-        owners |= {p.name.split("-")[0] for p in NETNS.iterdir() if p.name.startswith(PREFIX)}
-    for owner in owners:
-        pid = owner[len(PREFIX):]
-        if pid.isdigit() and not _alive(int(pid)):
-            _remove(owner)
+    names = _sh("ip", "netns", "list", check=False).split()
+    for folder in (NETNS, STATE):
+        if folder.is_dir():
+            names += [p.name + ("-" if folder is STATE else "") for p in folder.iterdir()]
+    labs = {}
+    for name in names:
+        found = LAB_NAME.match(name)
+        if found:
+            labs[found[1]] = int(found[2])
+    for lab, pid in labs.items():
+        if not _alive(pid):
+            _remove(lab)
 
 
 def _remove(name):
@@ -160,6 +165,8 @@ def ensure_iptables(timeout=300):
 class Lab:
     """A running private cluster: compute hosts h1..hN, a login host, a switch (see the module)."""
 
+    _made = 0  # labs this process has started
+
     def __init__(self, name, hosts, login, outsider, directory):
         self.name, self.hosts, self.login, self.outsider, self.dir = name, hosts, login, outsider, directory
         self.enter = directory / "enter"
@@ -173,7 +180,8 @@ class Lab:
         """Make a lab of hosts compute hosts (h1..), a login host and a switch; return it."""
         check_possible()
         sweep()
-        name = name or f"{PREFIX}{os.getpid()}"
+        cls._made += 1
+        name = name or f"{PREFIX}{os.getpid()}-{cls._made}"  # several labs of one process do not collide
         _remove(name)
         directory = STATE / name
         directory.mkdir(parents=True, exist_ok=True)
