@@ -199,7 +199,7 @@ def test_the_runtime_reads_in_one_direction(module, allowed):
 #: docs/architecture.md draws these floors; the top-level public modules stand above all.
 FLOORS = {
     "errors": 0, "util": 1, "config": 2, "failfast": 3, "comms": 4, "runtime": 5,
-    "launch": 6, "submit": 6, "pipeline": 7, "train": 7, "interactive": 7, "bench": 8, "testing": 8, "cli": 9,
+    "launch": 6, "submit": 6, "pipeline": 7, "train": 7, "interactive": 7, "bench": 8, "testing": 8, "doctor": 8, "cli": 9,
 }
 TOP = 10  # spmd/__init__.py, __main__.py and the public re-exports (spmd.tasks, spmd.preempt, ...)
 

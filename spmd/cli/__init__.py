@@ -14,7 +14,8 @@ class _LazyGroup(click.Group):
     ``python -m spmd.cli.bench`` does not import its own module twice.
     """
 
-    COMMANDS = {"bench": ".bench", "info": ".info", "repl": ".repl", "run": ".run", "submit": ".submit"}
+    COMMANDS = {"bench": ".bench", "doctor": ".doctor", "info": ".info", "repl": ".repl", "run": ".run",
+                "submit": ".submit"}
 
     def list_commands(self, ctx):
         return sorted(set(super().list_commands(ctx)) | set(self.COMMANDS))

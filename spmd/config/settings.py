@@ -70,6 +70,8 @@ class Settings:
     """Prefix each line of stdout and stderr with '[rank] ' (SPMD_TAG_OUTPUT), like spmd run."""
     hints: bool = True
     """Rank 0 says in one line when the job is set up slower than it could be (SPMD_HINTS; default on)."""
+    preflight: bool = False
+    """Connect every pair of hosts before the backend starts, MPI_Init included (SPMD_PREFLIGHT)."""
 
     @classmethod
     def parse(cls, environ: Mapping[str, str], backend=None, timeout=None, debug=None,
@@ -87,6 +89,7 @@ class Settings:
             torch_group=parse_torch_group(environ, torch_group),
             tag_output=parse_tag_output(environ),
             hints=_parse_flag(environ, "SPMD_HINTS", None) if environ.get("SPMD_HINTS", "").strip() else True,
+            preflight=_parse_flag(environ, "SPMD_PREFLIGHT", None),
         )
 
 
@@ -103,6 +106,7 @@ VARIABLES = {
     "torch_group": "SPMD_TORCH_GROUP",
     "tag_output": "SPMD_TAG_OUTPUT",
     "hints": "SPMD_HINTS",
+    "preflight": "SPMD_PREFLIGHT",
 }
 
 

@@ -1,12 +1,13 @@
 """Every pair of hosts, checked before gloo connects its full mesh: a partition named, not waited out.
 
-gloo connects every pair of ranks; when one pair of hosts cannot reach each other (a firewall that
-drops, a cut link between two switches), gloo's connectFullMesh waits its whole timeout and then
-names neither host.  ``check_pairs`` runs first, through the rendezvous store: the first rank of each
-host listens on its chosen address, the first rank of every host connects to every other host's
-listener (in threads, each bounded by PAIR_WITHIN seconds), and every rank reads the outcome.  The
+gloo and MPI connect every pair of ranks; when two hosts cannot reach each other (a firewall that
+drops, a cut link between two switches), gloo's connectFullMesh waits its whole timeout and names
+neither host, and MPICH's MPI_Init waits for ever.  ``check_pairs`` runs first, through a Star
+(spmd.runtime.star): the first rank of each host listens on its chosen address, connects to every
+other host's (in threads, each bounded by PAIR_WITHIN seconds), and every rank reads the outcome.  The
 connections carry no data and need no accept: the kernel's handshake is the answer.  A failed pair
 is a RendezvousError on every rank naming each pair, the address and port tried, and the likely cause.
+``preflight`` (SPMD_PREFLIGHT) runs it before any backend starts, hosts exchanged over the star.
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ import time
 from typing import Any, Sequence
 
 from spmd.errors import RendezvousError
+from spmd.runtime.star import Star
 
-__all__ = ["check_pairs", "probe", "describe_failures", "PAIR_WITHIN"]
+__all__ = ["check_pairs", "preflight", "probe", "connect_time", "describe_failures", "PAIR_WITHIN"]
 
 #: Seconds a connection between two hosts may take: a kernel answers a SYN in milliseconds.
 PAIR_WITHIN = 5.0
@@ -28,24 +30,29 @@ PAIR_WITHIN = 5.0
 
 def probe(address: str, port: int, seconds: float) -> str | None:
     """None when a TCP connection to address:port opens within seconds, else why not, in words."""
+    return connect_time(address, port, seconds)[1]
+
+
+def connect_time(address: str, port: int, seconds: float) -> tuple[float | None, str | None]:
+    """(milliseconds a TCP connection to address:port took to open, None) or (None, why not, in words)."""
     started = time.monotonic()
     try:
         socket.create_connection((address, port), timeout=seconds).close()
-        return None
+        return 1000 * (time.monotonic() - started), None
     except socket.timeout:
-        return f"no answer within {seconds:g} s: a firewall that drops packets, or a partition"
+        return None, f"no answer within {seconds:g} s: a firewall that drops packets, or a partition"
     except OSError as exc:
         if exc.errno == errno.ECONNREFUSED:
-            return f"refused after {time.monotonic() - started:.1f} s: a firewall that rejects the port"
+            return None, f"refused after {time.monotonic() - started:.1f} s: a firewall that rejects the port"
         if exc.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH):
-            return f"no route ({exc.strerror}): the hosts share no network on this interface"
-        return str(exc)
+            return None, f"no route ({exc.strerror}): the hosts share no network on this interface"
+        return None, str(exc)
 
 
 def describe_failures(failures: Sequence[dict[str, Any]], pairs: int) -> str:
     """One message for the pairs of hosts that could not connect."""
-    lines = [f"{len(failures)} of {pairs} connections between hosts failed, so gloo could not connect every "
-             "pair of ranks:"]
+    lines = [f"{len(failures)} of {pairs} connections between hosts failed, and a job's ranks must connect every "
+             "pair of hosts (gloo's mesh and MPI both do):"]
     for f in failures[:20]:
         lines.append(f"  {f['a']} -> {f['b']}: {f['address']}:{f['port']} ({f['interface']}): {f['error']}")
     if len(failures) > 20:
@@ -55,25 +62,26 @@ def describe_failures(failures: Sequence[dict[str, Any]], pairs: int) -> str:
     return "\n".join(lines)
 
 
-def check_pairs(store: Any, rank: int, host: int, first_of_host: bool, hosts: int, name: str, address: str,
+def check_pairs(star: Star, host: int, first_of_host: bool, hosts: int, name: str, address: str,
                 interface: str | None, timeout: float) -> None:
-    """Check every pair of the job's hosts through store (every rank calls it); raise RendezvousError
-    naming the pairs that could not connect.  host: this rank's host number, of hosts; name, address,
-    interface: this host's, as chosen at init."""
+    """Check every pair of the job's hosts through star (every rank calls it); raise RendezvousError on
+    every rank naming the pairs that could not connect.  host: this rank's host number, of hosts; name,
+    address, interface: this host's, as chosen at init."""
     if hosts < 2:
         return
     seconds = min(timeout, PAIR_WITHIN)
     listener = None
     try:
+        mine = None
         if first_of_host:
             family = socket.AF_INET6 if ":" in address else socket.AF_INET
             listener = socket.create_server((address, 0), family=family, backlog=max(hosts, 16))
-            store.set(f"spmd/pairs/at/{host}",
-                      json.dumps([name, address, listener.getsockname()[1], interface or "?"]))
-            others = [json.loads(store.get(f"spmd/pairs/at/{h}")) for h in range(hosts)]
-            failures = _try_all(name, others, host, seconds)
-            store.set(f"spmd/pairs/from/{host}", json.dumps(failures))
-        failures = [f for h in range(hosts) for f in json.loads(store.get(f"spmd/pairs/from/{h}"))]
+            mine = [host, name, address, listener.getsockname()[1], interface or "?"]
+        got = star.collect(mine, timeout)
+        table = star.share(_by_host(got, hosts) if got is not None else None, timeout + seconds)
+        failures = _try_all(name, table, host, seconds) if first_of_host else None
+        got = star.collect(failures, timeout + seconds)
+        failures = star.share([f for fs in got if fs for f in fs] if got is not None else None, 2 * timeout)
     finally:
         if listener is not None:
             listener.close()
@@ -81,7 +89,66 @@ def check_pairs(store: Any, rank: int, host: int, first_of_host: bool, hosts: in
         raise RendezvousError(describe_failures(failures, hosts * (hosts - 1)))
 
 
-def _try_all(name: str, others: list[list[Any]], mine: int, seconds: float) -> list[dict[str, Any]]:
+def _by_host(said: list[Any], hosts: int) -> list[list[Any] | None]:
+    """Each host's [name, address, port, interface] from what the first rank of each said."""
+    table: list[list[Any] | None] = [None] * hosts
+    for entry in said:
+        if entry is not None:
+            table[entry[0]] = entry[1:]
+    return table
+
+
+def preflight(placement: Any, environ: Any, timeout: float) -> None:
+    """SPMD_PREFLIGHT: before the backend starts (MPI_Init included, which may wait for ever on a broken
+    pair), exchange every rank's host over the launcher's star and check every pair of hosts on the
+    address spmd would use there; raise RendezvousError, said by rank 0 alone, naming the pairs."""
+    from spmd.runtime import network
+    from spmd.runtime.star import open_star
+
+    star = open_star(placement, environ, timeout, "spmd/preflight")
+    error = None
+    try:
+        card = network.local_card()
+        got = star.collect(network.to_text(card), timeout)
+        texts = star.share(got if got is None else [t for t in got], timeout + PAIR_WITHIN)
+        if any(t is None for t in texts):
+            missing = [r for r, t in enumerate(texts) if t is None]
+            raise RendezvousError(f"the pair check heard nothing from ranks {missing[:20]} within {timeout:g} s")
+        cards = [network.from_text(t) for t in texts]
+        numbers = network.hosts_of(cards)
+        first = numbers.index(numbers[placement.rank]) == placement.rank
+        address = interface = None
+        if first:
+            choice = network.choose_server(card, cards, environ)
+            address, interface = choice.address, choice.interface
+        check_pairs(star, numbers[placement.rank], first, max(numbers) + 1, card.name, address or "127.0.0.1",
+                    interface, timeout)
+    except (RendezvousError, OSError) as exc:
+        error = exc if isinstance(exc, RendezvousError) else RendezvousError(f"the pair check failed: {exc}")
+    finally:
+        if error is None:
+            star.collect(None, timeout)  # every rank is done with the star before rank 0 closes it
+            star.close()
+    if error is not None:
+        from spmd.runtime.rendezvous import everywhere
+
+        raise everywhere(error, placement.rank, _said_over(star, timeout))
+
+
+def _said_over(star: Star, timeout: float) -> Any:
+    """A said() for rendezvous.everywhere: rank 0 tells the others once it has spoken, then closes."""
+    def said() -> None:
+        try:
+            star.share(True, timeout)
+            star.collect(None, min(timeout, PAIR_WITHIN))
+        except RendezvousError:
+            pass
+        finally:
+            star.close()
+    return said
+
+
+def _try_all(name: str, others: list[list[Any] | None], mine: int, seconds: float) -> list[dict[str, Any]]:
     """Connect to every other host's listener at once; return the failures."""
     failures: list[dict[str, Any]] = []
     lock = threading.Lock()
@@ -93,7 +160,8 @@ def _try_all(name: str, others: list[list[Any]], mine: int, seconds: float) -> l
                 failures.append({"a": name, "b": other[0], "address": other[1], "port": other[2],
                                  "interface": other[3], "error": why})
 
-    threads = [threading.Thread(target=one, args=(o,), daemon=True) for h, o in enumerate(others) if h != mine]
+    threads = [threading.Thread(target=one, args=(o,), daemon=True) for h, o in enumerate(others)
+               if h != mine and o is not None]
     for t in threads:
         t.start()
     for t in threads:

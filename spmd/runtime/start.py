@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Callable, TypeVar
 
 from spmd.failfast import abort
 from spmd.runtime import backends, hints, mpiworld, network, output
-from spmd.runtime.pairs import check_pairs
+from spmd.runtime.pairs import check_pairs, preflight
+from spmd.runtime.star import StoreStar
 from spmd.runtime.rendezvous import everywhere, gloo_interface, said_over_store
 from spmd.failfast.abort import abort_job
 from spmd.errors import BackendError, RendezvousError, SettingsError, SpmdError
@@ -32,6 +33,9 @@ if TYPE_CHECKING:
 _F = TypeVar("_F", bound=Callable[[], object])
 
 __all__ = ["init", "init_watched", "finalize", "initialized", "on_finalize", "abort_job", "DEFAULT_TIMEOUT"]
+
+#: Seconds SPMD_PREFLIGHT's check may wait for every rank to start (at most SPMD_TIMEOUT).
+PREFLIGHT_WITHIN = 60.0
 
 _lock = threading.RLock()
 _comm = None
@@ -97,6 +101,8 @@ def _start(settings, environ, guarded=True):
 
         device = "cuda:0" if settings.backend == "nccl" and backends.cuda_usable() else "cpu"
         return SerialComm(placement, device, seconds, _monitor(settings, False)), []
+    if settings.preflight and placement.is_mpi:  # before MPI_Init, which waits for ever on a broken pair
+        preflight(placement, environ, min(seconds, PREFLIGHT_WITHIN))
     mpi_world = mpiworld.mpi_world(placement, seconds) if placement.is_mpi else None
     card, cards = network.local_card(), None
     if mpi_world is not None:  # where every rank really runs, before anything depends on it
@@ -208,8 +214,9 @@ def _meet(placement, settings, mpi_world, environ, card, cards, counted=True):
         placement = _placed(placement, cards, "ranks grouped by host through the rendezvous store")
     placement = _addressed(placement, gloo_interface(placement, addr, environ, card, cards))
     try:  # before gloo connects every pair of ranks, and waits out a partition
-        check_pairs(store, placement.rank, placement.node_rank, placement.local_rank == 0, placement.num_nodes,
-                    card.name, placement.address, placement.interface, settings.timeout)
+        check_pairs(StoreStar(store, placement.rank, placement.size, "spmd/pairs"), placement.node_rank,
+                    placement.local_rank == 0, placement.num_nodes, card.name, placement.address, placement.interface,
+                    settings.timeout)
     except RendezvousError as exc:
         raise everywhere(exc, placement.rank, said_over_store(store, placement.rank)) from None
     return store, placement

@@ -1,4 +1,4 @@
-"""The pair check before gloo's mesh: probe's words for each answer, and check_pairs over a store."""
+"""The pair check before gloo's mesh: probe's words for each answer, and check_pairs over a star of threads."""
 
 import socket
 import threading
@@ -7,12 +7,13 @@ import pytest
 
 from spmd.errors import RendezvousError
 from spmd.runtime.pairs import check_pairs, describe_failures, probe
+from spmd.runtime.star import StoreStar
 
 pytestmark = pytest.mark.unit
 
 
 class DictStore:
-    """The two calls check_pairs makes of a store, for threads: set, and a get that waits."""
+    """What a StoreStar asks of a store, for threads: set, check, a wait that waits, get."""
 
     def __init__(self):
         self.values, self.cond = {}, threading.Condition()
@@ -26,6 +27,15 @@ class DictStore:
         with self.cond:
             assert self.cond.wait_for(lambda: key in self.values, timeout=20), f"{key} never set"
             return self.values[key]
+
+    def check(self, keys):
+        with self.cond:
+            return all(k in self.values for k in keys)
+
+    def wait(self, keys, timeout):
+        with self.cond:
+            if not self.cond.wait_for(lambda: all(k in self.values for k in keys), timeout=timeout.total_seconds()):
+                raise RuntimeError(f"{keys} not set within {timeout}")
 
 
 def test_probe_says_ok_and_refused():
@@ -41,7 +51,7 @@ def run_hosts(hosts, addresses):
 
     def one(h):
         try:
-            check_pairs(store, h, h, True, hosts, f"h{h + 1}", addresses[h], "lo", 5)
+            check_pairs(StoreStar(store, h, hosts), h, True, hosts, f"h{h + 1}", addresses[h], "lo", 5)
         except RendezvousError as exc:
             out[h] = str(exc)
 
@@ -58,7 +68,7 @@ def test_every_pair_connects_on_loopback():
 
 
 def test_one_host_needs_no_check():
-    check_pairs(DictStore(), 0, 0, True, 1, "h1", "127.0.0.1", "lo", 5)  # returns at once, no store used
+    check_pairs(StoreStar(DictStore(), 0, 1), 0, True, 1, "h1", "127.0.0.1", "lo", 5)  # at once, no store used
 
 
 def test_describe_names_each_pair_and_the_way_out():
