@@ -41,28 +41,38 @@ def _required() -> list[str]:
     return names
 
 
-def _mpi_library() -> str | None:
-    """The first line of the MPI library's version, when this process already started MPI."""
+def _mpi_library(load: bool) -> str | None:
+    """The first line of the MPI library's version (loading the library, not starting MPI, when load: MPI
+    allows asking before MPI_Init), or why it does not load; None when not asked and not loaded."""
     mpi = sys.modules.get("mpi4py.MPI")
-    if mpi is None or not mpi.Is_initialized():
+    if mpi is None and load:
+        try:
+            import mpi4py
+
+            mpi4py.rc.initialize, mpi4py.rc.finalize = False, True  # as spmd.runtime.mpiworld does
+            from mpi4py import MPI as mpi
+        except Exception as exc:  # noqa: BLE001 - a host whose MPI does not load is a finding, not a crash
+            return f"none ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
+    if mpi is None:
         return None
-    return mpi.Get_library_version().strip().splitlines()[0].strip()
+    return " ".join(mpi.Get_library_version().strip().splitlines()[0].split())
 
 
-def versions() -> dict[str, str | None]:
-    """Python's version, spmd's, torch's, mpi4py's, the MPI library's, then every other package spmd requires."""
+def versions(mpi: bool = False) -> dict[str, str | None]:
+    """Python's version, spmd's, torch's, mpi4py's, the MPI library's (mpi: load it to ask), then every
+    other package spmd requires."""
     found: dict[str, str | None] = {"python": platform.python_version(), "spmd": _version("spmd"),
                                     "torch": _version("torch"), "mpi4py": _version("mpi4py"),
-                                    "mpi": _mpi_library()}
+                                    "mpi": _mpi_library(mpi)}
     for name in _required():
         if name not in found:
             found[name] = _version(name)
     return found
 
 
-def local_facts(rank: int) -> dict[str, Any]:
-    """This rank's facts: rank, pid, Python executable, versions, and its host's card."""
-    return {"rank": rank, "pid": os.getpid(), "executable": sys.executable, "versions": versions(),
+def local_facts(rank: int, mpi: bool = False) -> dict[str, Any]:
+    """This rank's facts: rank, pid, Python executable, versions (mpi: the MPI library's too), its host's card."""
+    return {"rank": rank, "pid": os.getpid(), "executable": sys.executable, "versions": versions(mpi),
             "card": asdict(network.local_card())}
 
 

@@ -63,7 +63,7 @@ def diagnose(environ: Mapping[str, str], options: Options) -> Outcome:
     placement = detect(environ)
     star = open_star(placement, environ, options.timeout, "spmd/doctor")
     try:
-        return _Walk(star, environ, options).run()
+        return _Walk(star, environ, options, placement.is_mpi).run()
     except StarSilence as exc:
         return Outcome(1, note=f"spmd doctor: {socket.gethostname()}: {exc}", abandoned=True)
     finally:
@@ -73,15 +73,15 @@ def diagnose(environ: Mapping[str, str], options: Options) -> Outcome:
 class _Walk:
     """One rank's way through the steps (rank 0 also gathers, plans and judges)."""
 
-    def __init__(self, star: Star, environ: Mapping[str, str], options: Options) -> None:
-        self.star, self.environ, self.o = star, environ, options
+    def __init__(self, star: Star, environ: Mapping[str, str], options: Options, mpi: bool = False) -> None:
+        self.star, self.environ, self.o, self.mpi = star, environ, options, mpi
         self.root = star.rank == 0
         self.silent: list[dict[str, Any]] = []  # rank 0's: who said nothing, and when
         self.probed: dict[int, Any] = {}  # rank 0's: each host's connections to the others, and its clock
 
     def run(self) -> Outcome:
         star, o = self.star, self.o
-        facts = local_facts(star.rank)
+        facts = local_facts(star.rank, self.mpi)
         first = STEP if star.met else o.timeout  # the launcher's barrier already waited for every start
         everyone = star.collect(facts, first)
         plan = star.share(self._plan(everyone, first) if self.root else None, first + STEP)

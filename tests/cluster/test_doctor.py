@@ -1,0 +1,124 @@
+"""spmd doctor across the private cluster's hosts: a healthy cluster passes, and each fault is named.
+
+Under Hydra the ranks meet through its PMI key space (no MPI_Init, which waits for ever on a
+partition); under torchrun through its store.  Bounds are measured from the launch.
+"""
+
+import json
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.cluster.lab import SUBNET
+from tests.cluster.runs import MPIEXEC, PY, env, mpiexec
+from tests.support import REPO, finish
+
+pytestmark = pytest.mark.cluster
+
+DOCTOR = [PY, "-m", "spmd.doctor"]
+
+
+def doctor(lab, *args, hosts=None, n=3, ppn=1):
+    started = time.monotonic()
+    out = mpiexec(lab, ["-n", n, "-ppn", ppn, *DOCTOR, *args], hosts, timeout=150)
+    return out, time.monotonic() - started
+
+
+def json_of(out):
+    text = out.stdout
+    return json.loads(text[text.index("{\n"):text.rindex("\n}") + 2])
+
+
+def test_a_healthy_cluster_passes_with_every_pair_measured_and_a_loopback_name_warned(lab):
+    lab.names("h2", loopback=True)
+    out, _ = doctor(lab, "--json", n=6, ppn=2)
+    assert out.returncode == 0, out.stdout[-4000:]
+    got = json_of(out)
+    assert got["ok"] and [h["host"] for h in got["hosts"]] == ["h1", "h2", "h3"]
+    assert [sorted(h["ranks"]) for h in got["hosts"]] == [[0, 1], [2, 3], [4, 5]]
+    assert all(h["interface"] == "eth0" and h["address"].startswith(SUBNET) for h in got["hosts"]), got["hosts"]
+    assert len(got["pairs"]) == 6 and all(p["ok"] and p["connect_ms"] > 0 and p["mbps"] > 0 for p in got["pairs"])
+    assert all(c["ok"] for c in got["collectives"]) and len(got["collectives"]) == 10
+    h2 = got["hosts"][1]
+    assert h2["resolves_to"] == ["127.0.1.1"] and "h2 resolves its own name to 127.0.1.1" in h2["warnings"][0]
+    assert [f["level"] for f in got["findings"]] == ["warning"]
+
+
+def test_a_silent_partition_is_named_both_ways_within_the_bound(lab):
+    lab.drop("h2", "h3")
+    out, took = doctor(lab)
+    text = out.stdout
+    assert out.returncode == 1, text[-4000:]
+    assert re.search(r"^error: h2 <-> h3: no answer within 2 s: a firewall that drops packets, or a partition "
+                     r"\(to h3's 198\.18\.0\.13:\d+ on eth0, and back to h2's 198\.18\.0\.12:\d+ on eth0\)$", text,
+                     re.M), text[-4000:]
+    assert len(re.findall(r"^error:", text, re.M)) == 1 and "collectives: not run" in text and "h1 <->" not in text
+    assert "FAILED: 1 error" in text
+    assert took < 45, f"took {took:.0f} s"  # 6-8 s here; the bound leaves room for a loaded machine
+
+
+def test_a_host_cut_off_from_rank_0s_host_is_named_and_the_rest_still_measured(lab):
+    lab.drop("h1", "h3")
+    out, took = doctor(lab)
+    text = out.stdout
+    assert out.returncode != 0, text[-4000:]
+    assert "error: rank 2 on h3 said nothing to rank 0 within" in text, text[-4000:]
+    assert "h3: rank 2 could not reach rank 0's store at 198.18.0.11:" in text, text[-4000:]
+    assert re.search(r"^h1 .*ok [\d.]+ ms", text, re.M)  # h1 <-> h2 still measured
+    assert took < 60, f"took {took:.0f} s"
+
+
+def test_a_host_capped_at_a_tenth_is_named_in_the_matrix(lab):
+    for host in ("h1", "h2"):
+        lab.cap(host, 1000)
+    lab.cap("h3", 100)
+    out, _ = doctor(lab, "--json", "--no-collectives")
+    assert out.returncode == 0, out.stdout[-4000:]
+    got = json_of(out)
+    speed = {(p["a"], p["b"]): p["mbps"] for p in got["pairs"]}
+    assert all(speed[(a, b)] < 20 for a, b in speed if "h3" in (a, b)), speed  # 100 Mbit/s is 12.5 MB/s
+    assert all(speed[(a, b)] > 50 for a, b in speed if "h3" not in (a, b)), speed
+    (slow,) = got["findings"]
+    assert slow["level"] == "warning" and slow["hosts"] == ["h3"] and slow["text"].startswith("h3's links are slow")
+    assert got["collectives"] is None and got["collectives_skipped"] == "--no-collectives"
+
+
+def test_a_host_with_other_packages_is_named(lab, tmp_path):
+    """h3 runs a second venv over the first, with another python-hostlist (one of spmd's requirements): a
+    warning; and the MPICH wheel's library, which lives in the first venv's prefix, does not load there: an
+    error, found before any rank calls MPI_Init."""
+    venv = tmp_path / "venv2"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv], check=True, timeout=120)
+    site = next((venv / "lib").glob("python*/site-packages"))
+    main = next((REPO / ".venv" / "lib").glob("python*/site-packages"))
+    (site / "main-venv.pth").write_text(f"import site; site.addsitedir({str(main)!r})\n")
+    got = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--disable-pip-version-check",
+                          "--target", site, "python-hostlist==1.23.0"], capture_output=True, text=True, timeout=300)
+    assert got.returncode == 0, got.stderr[-2000:]
+    other = str(venv / "bin" / "python")
+    args = ["-ppn", "1"]  # one rank on each host of the hostfile, in its order: h3's runs the second venv
+    for python in (PY, PY, other):
+        args += [":"] * (len(args) > 2) + ["-n", "1", python, "-m", "spmd.doctor"]
+    cmd = lab.mpiexec_args(MPIEXEC, args)
+    out = finish(lab.popen("login", cmd, env()), 150, "spmd doctor with a second venv on h3")
+    assert out.returncode == 1, out.stdout[-4000:]
+    assert "warning: h3 has python-hostlist 1.23.0, the others 2." in out.stdout, out.stdout[-4000:]
+    assert re.search(r"^error: h3 has mpi none \(RuntimeError: cannot load MPI library\), the others MPICH Version: "
+                     r"\d", out.stdout, re.M), out.stdout[-4000:]
+    assert "collectives: not run" in out.stdout
+
+
+def test_torchrun_with_an_agent_per_host_runs_the_doctor(lab):
+    torchrun = str(REPO / ".venv" / "bin" / "torchrun")
+    agents = [lab.popen(host, [torchrun, "--nnodes", "3", "--nproc-per-node", "1", "--node-rank", str(i),
+                               "--master-addr", f"{SUBNET}.11", "--master-port", "29519", "-m", "spmd.doctor"],
+                        env())
+              for i, host in enumerate(["h1", "h2", "h3"])]
+    outs = [finish(a, 180, f"torchrun's agent on h{i + 1}").stdout for i, a in enumerate(agents)]
+    assert [a.returncode for a in agents] == [0, 0, 0], "\n".join(o[-3000:] for o in outs)
+    assert "spmd doctor: 3 hosts, 3 ranks, started by torchrun" in outs[0], outs[0][-3000:]
+    assert "on backend gloo)" in outs[0] and "ok: nothing found would stop a job" in outs[0]
+    assert "spmd doctor:" not in outs[1] + outs[2]  # rank 0 alone reports
