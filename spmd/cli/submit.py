@@ -69,14 +69,17 @@ def _opt(*names, **kw):
 @click.option("--save-dir", default="logs/submit", show_default=True, metavar="DIR",
               help="Where batch files and records go.")
 @click.option("--dry-run", is_flag=True, help="Print the file and the sbatch command only.")
-@click.option("--preflight/--no-preflight", default=True, show_default=True,
-              help="Run sbatch --test-only first.")
+@click.option("--preflight/--no-preflight", default=None,
+              help="--preflight: the job's first step runs spmd doctor on every node and ends the job with its "
+                   "table when a pair of nodes fails; --no-preflight: not even sbatch --test-only.")
+@click.option("--test-only/--no-test-only", "test_only", default=None,
+              help="Check the file with sbatch --test-only before submitting. [default: on, off with --no-preflight]")
 @click.option("--wait", is_flag=True, help="Wait for the end; exit with the job's code.")
 @click.option("--tail", "tail_lines", default=20, show_default=True, metavar="LINES",
               help="Log lines shown by --wait.")
 @click.argument("script")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def submit(profile, save_dir, dry_run, preflight, wait, tail_lines, **given):
+def submit(profile, save_dir, dry_run, preflight, test_only, wait, tail_lines, **given):
     """Write a batch file that runs SCRIPT ARGS on a SLURM allocation, and submit it.
 
     \b
@@ -88,6 +91,9 @@ def submit(profile, save_dir, dry_run, preflight, wait, tail_lines, **given):
     The job id is printed on stdout; a record (command, file hash, job id)
     is saved beside the batch file.
     """
+    if preflight is True:
+        given["preflight"] = True
+    test_only = preflight is not False if test_only is None else test_only
     try:
         options = _options(profile, given)
     except SubmitError as exc:
@@ -104,7 +110,7 @@ def submit(profile, save_dir, dry_run, preflight, wait, tail_lines, **given):
             click.echo(text, nl=False)
             click.echo(f"# sbatch command: {shlex.join(['sbatch', '--parsable', str(path)])}")
             return
-        code = _submit(options, text, path, preflight, wait, tail_lines)
+        code = _submit(options, text, path, test_only, wait, tail_lines)
     except SubmitError as exc:
         raise click.ClickException(str(exc)) from None
     sys.exit(code)
@@ -153,17 +159,17 @@ def _output_dirs(options):
                       "it must exist when the job starts")
 
 
-def _submit(options, text, path, preflight, wait, tail_lines):
+def _submit(options, text, path, test_only, wait, tail_lines):
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_write(path, text=True, exclusive=True) as f:  # never a half batch file, never over one
         f.write(text)
     _output_dirs(options)
-    if preflight and slurm.have_sbatch():
+    if test_only and slurm.have_sbatch():
         ok, verdict = slurm.test_only(path)
         slurm.say(f"sbatch --test-only: {verdict}")
         if not ok:
             raise SubmitError(f"sbatch --test-only rejects {path}; not submitted "
-                              "(--no-preflight skips this check)")
+                              "(--no-test-only skips this check)")
     job_id, cluster, command = slurm.submit(path)
     record = slurm.write_record(path, command, job_id, cluster, _submit_command())
     click.echo(job_id)

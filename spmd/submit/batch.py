@@ -102,6 +102,25 @@ def launch_argv(o: SubmitOptions) -> list[str]:
     return argv + [o.python, "-m", "spmd", *target, *o.args]
 
 
+def doctor_argv(o: SubmitOptions) -> list[str]:
+    """The preflight step: spmd doctor, one task on each node, through the job's launcher (never MPI
+    under srun: the doctor needs none, and the pair check is what it is for)."""
+    if o.launcher == "mpirun":
+        return [o.mpirun, "-n", str(o.nodes), "-ppn", "1", o.python, "-m", "spmd.doctor"]
+    return ["srun", "--kill-on-bad-exit=1", "--mpi=none", f"--nodes={o.nodes}", f"--ntasks={o.nodes}",
+            "--ntasks-per-node=1", o.python, "-m", "spmd.doctor"]
+
+
+def _preflight(o: SubmitOptions) -> list[str]:
+    if not o.preflight:
+        return []
+    return ["# Preflight (--preflight): every node and every pair of nodes checked before the job runs.",
+            f"if ! {shlex.join(doctor_argv(o))}; then",
+            '    echo "spmd: the preflight failed (spmd doctor\'s table above); the job did not start" >&2',
+            "    exit 1",
+            "fi"]
+
+
 def _world_check(o: SubmitOptions) -> list[str]:
     tests = [f'[ "${{SLURM_NTASKS:-}}" != {o.ntasks} ]',
              f'[ "${{SLURM_JOB_NUM_NODES:-}}" != {o.nodes} ]']
@@ -191,7 +210,7 @@ def render(o: SubmitOptions) -> str:
     header = ["#!/bin/bash",
               f"# spmd submit: {_comment(what)}, {_plural(o.ntasks, 'task')}{per_node}, "
               f"{o.launcher}, backend {o.backend}"]
-    body = ["", *_environment(o), *_setup(o), *_world_check(o), "", *_launch(o)]
+    body = ["", *_environment(o), *_setup(o), *_world_check(o), *_preflight(o), "", *_launch(o)]
     return "\n".join(header + _directives(o) + body) + "\n"
 
 

@@ -66,6 +66,7 @@ class SubmitOptions:
     launcher: str = "srun"
     mpi: str | None = None
     mpirun: str = "mpirun"
+    preflight: bool = False  # the first step runs spmd doctor on every node
     # preemption
     requeue: bool = False
     signal_before: int | None = None
@@ -283,7 +284,7 @@ _CHECKS = {
     "nodes": _count, "ntasks": _count, "ntasks_per_node": _count, "cpus_per_task": _count,
     "signal_before": lambda o, v: _count(o, v, 1),
     "mem": _memory, "mem_per_cpu": _memory, "time": _time,
-    "exclusive": _flag, "requeue": _flag, "module": _flag,
+    "exclusive": _flag, "requeue": _flag, "module": _flag, "preflight": _flag,
     "args": _strings, "setup": _lines, "sbatch_options": _strings,
     "env": lambda o, v: _pairs(v),
 }

@@ -56,6 +56,7 @@ GOLDEN_CASES = {
                 "chdir": "/home/me/my project", "script": "my scripts/job's.py",
                 "args": NASTY, "env": {"MSG": "multi\nline $(touch /tmp/pwned) 'q' #c,d"}},
     "module": {"module": True, "script": "mypkg.main", "ntasks": 2, "args": ["-x"]},
+    "preflight": {"nodes": 3, "ntasks_per_node": 2, "preflight": True},
 }
 
 
@@ -513,6 +514,25 @@ def test_preflight_rejection_stops_the_submission(fake_sbatch, monkeypatch):
     assert "Requested node configuration is not available" in result.output
     assert "not submitted" in result.output
     assert len((fake_sbatch / "sbatch.log").read_text().splitlines()) == 1
+
+
+def test_test_only_is_on_by_default_and_off_with_no_preflight_or_no_test_only(fake_sbatch, monkeypatch):
+    monkeypatch.setenv("FAKE_REJECT", "Requested node configuration is not available")
+    assert invoke("-N", "64", "job.py").exit_code == 1
+    assert invoke("--preflight", "-N", "64", "job.py").exit_code == 1  # the doctor step adds to the check
+    assert invoke("--no-preflight", "-N", "64", "job.py").exit_code == 0
+    assert invoke("--no-test-only", "-N", "64", "job.py").exit_code == 0
+
+
+def test_preflight_puts_the_doctor_before_the_job_and_only_then():
+    with_it = render(make({**BASE, "nodes": 2, "preflight": True}))
+    doctor = "srun --kill-on-bad-exit=1 --mpi=none --nodes=2 --ntasks=2 --ntasks-per-node=1 " \
+             "/opt/venv/bin/python -m spmd.doctor"
+    assert f"if ! {doctor}; then" in with_it
+    assert with_it.index("spmd.doctor") < with_it.index("exec srun")
+    assert "spmd.doctor" not in render(make(dict(BASE, nodes=2)))
+    over_mpirun = render(make({**BASE, "nodes": 2, "ntasks": 4, "launcher": "mpirun", "preflight": True}))
+    assert "/opt/venv/bin/mpirun -n 2 -ppn 1 /opt/venv/bin/python -m spmd.doctor" in over_mpirun
 
 
 def test_sbatch_variables_are_reported(fake_sbatch, monkeypatch):
