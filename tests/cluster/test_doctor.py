@@ -122,3 +122,18 @@ def test_torchrun_with_an_agent_per_host_runs_the_doctor(lab):
     assert "spmd doctor: 3 hosts, 3 ranks, started by torchrun" in outs[0], outs[0][-3000:]
     assert "on backend gloo)" in outs[0] and "ok: nothing found would stop a job" in outs[0]
     assert "spmd doctor:" not in outs[1] + outs[2]  # rank 0 alone reports
+
+
+def test_eight_hosts_with_a_silent_partition_end_bounded():
+    """8 hosts x 1 rank, h4 and h7 dropping each other's packets: the pair named, the rest measured; the
+    doctor's own waits are 2 s a connection and 3 s for the matrix, the rest is 8 Pythons on 2 cores."""
+    from tests.cluster.lab import Lab
+
+    with Lab.start(hosts=8, dummy=False) as lab8:
+        lab8.drop("h4", "h7")
+        out, took = doctor(lab8, n=8)
+    text = out.stdout
+    assert out.returncode == 1, text[-4000:]
+    assert re.search(r"^error: h4 <-> h7: no answer within 2 s", text, re.M), text[-4000:]
+    assert len(re.findall(r"^error:", text, re.M)) == 1 and text.count("ok ") >= 8 * 7 - 2
+    assert took < 60, f"took {took:.0f} s"  # 13 s here by hand
