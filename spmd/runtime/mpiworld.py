@@ -52,7 +52,9 @@ def init_mpi_within(MPI, placement, seconds, stuck=None):
                 os._exit(0)
         why = stuck.format(seconds=seconds) if stuck else (
             f"MPI_Init did not complete within {seconds:g} s: not all {placement.size} ranks started "
-            "(see the launcher's output), or raise SPMD_TIMEOUT")
+            "(see the launcher's output), or two of the hosts cannot reach each other (MPI_Init connects "
+            "them): launch python -m spmd.doctor the same way, or set SPMD_PREFLIGHT=1, to name the pair; "
+            "else raise SPMD_TIMEOUT")
         if not stuck or placement.rank == 0:  # every rank is stuck alike: rank 0 says why
             os.write(2, f"### spmd: rank {placement.rank}: {why}\n".encode())
         os.kill(parent, signal.SIGKILL)

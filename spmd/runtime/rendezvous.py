@@ -309,7 +309,8 @@ def await_peers(store, rank, size, timeout):
             raise RendezvousError(
                 f"only {len(here)} of {size} ranks arrived within {timeout:g} s; missing ranks "
                 f"{missing[:20]}{' ...' if len(missing) > 20 else ''}. Check that every rank was "
-                "started (launcher logs), or raise SPMD_TIMEOUT"
+                "started (launcher logs) and that its host reaches rank 0's (spmd doctor, launched the same "
+                "way, checks every pair of hosts), or raise SPMD_TIMEOUT"
             )
         time.sleep(pause)
         pause = min(pause * 2, 0.1)

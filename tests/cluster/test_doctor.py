@@ -137,3 +137,18 @@ def test_eight_hosts_with_a_silent_partition_end_bounded():
     assert re.search(r"^error: h4 <-> h7: no answer within 2 s", text, re.M), text[-4000:]
     assert len(re.findall(r"^error:", text, re.M)) == 1 and text.count("ok ") >= 8 * 7 - 2
     assert took < 60, f"took {took:.0f} s"  # 13 s here by hand
+
+
+def test_spmd_preflight_names_a_partition_where_mpi_init_would_wait_for_ever(lab):
+    """mpi backend under mpiexec, h2 and h3 dropping each other's packets: MPICH's MPI_Init waits for its
+    whole bound there; with SPMD_PREFLIGHT=1 init names both directions of the pair, said once."""
+    lab.drop("h2", "h3")
+    started = time.monotonic()
+    out = mpiexec(lab, ["-n", 3, "-ppn", 1, PY, REPO / "jobs" / "collectives.py"], timeout=150,
+                  SPMD_PREFLIGHT="1", SPMD_BACKEND="mpi", SPMD_TIMEOUT="120")
+    took = time.monotonic() - started
+    text = out.stdout
+    assert out.returncode != 0 and text.count("### spmd: init failed on every rank") == 1, text[-4000:]
+    assert re.search(r"h2 -> h3: 198\.18\.0\.13:\d+ \(eth0\): no answer within 5 s", text), text[-4000:]
+    assert re.search(r"h3 -> h2: 198\.18\.0\.12:\d+ \(eth0\)", text) and "h1 ->" not in text, text[-4000:]
+    assert "Reduced result" not in text and took < 60, f"took {took:.0f} s"
