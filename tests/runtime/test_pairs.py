@@ -1,41 +1,15 @@
 """The pair check before gloo's mesh: probe's words for each answer, and check_pairs over a star of threads."""
 
 import socket
-import threading
 
 import pytest
 
 from spmd.errors import RendezvousError
 from spmd.runtime.pairs import check_pairs, describe_failures, probe
 from spmd.runtime.star import StoreStar
+from tests.runtime.stars import DictStore, ranks
 
 pytestmark = pytest.mark.unit
-
-
-class DictStore:
-    """What a StoreStar asks of a store, for threads: set, check, a wait that waits, get."""
-
-    def __init__(self):
-        self.values, self.cond = {}, threading.Condition()
-
-    def set(self, key, value):
-        with self.cond:
-            self.values[key] = value.encode() if isinstance(value, str) else value
-            self.cond.notify_all()
-
-    def get(self, key):
-        with self.cond:
-            assert self.cond.wait_for(lambda: key in self.values, timeout=20), f"{key} never set"
-            return self.values[key]
-
-    def check(self, keys):
-        with self.cond:
-            return all(k in self.values for k in keys)
-
-    def wait(self, keys, timeout):
-        with self.cond:
-            if not self.cond.wait_for(lambda: all(k in self.values for k in keys), timeout=timeout.total_seconds()):
-                raise RuntimeError(f"{keys} not set within {timeout}")
 
 
 def test_probe_says_ok_and_refused():
@@ -47,20 +21,13 @@ def test_probe_says_ok_and_refused():
 
 def run_hosts(hosts, addresses):
     """check_pairs on one thread per host; return each host's error text (None when it passed)."""
-    store, out = DictStore(), [None] * hosts
-
-    def one(h):
+    def one(star):
         try:
-            check_pairs(StoreStar(store, h, hosts), h, True, hosts, f"h{h + 1}", addresses[h], "lo", 5)
+            check_pairs(star, star.rank, True, hosts, f"h{star.rank + 1}", addresses[star.rank], "lo", 5)
         except RendezvousError as exc:
-            out[h] = str(exc)
+            return str(exc)
 
-    threads = [threading.Thread(target=one, args=(h,)) for h in range(hosts)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-    return out
+    return ranks(hosts, one)
 
 
 def test_every_pair_connects_on_loopback():

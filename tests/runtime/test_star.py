@@ -1,32 +1,13 @@
 """The star over a store of threads: values between rank 0 and each rank, every wait bounded, silence named."""
 
-import threading
 import time
 
 import pytest
 
-from spmd.runtime.star import SoloStar, StarSilence, StoreStar
-from tests.runtime.test_pairs import DictStore
+from spmd.runtime.star import SoloStar, StarSilence
+from tests.runtime.stars import ranks
 
 pytestmark = pytest.mark.unit
-
-
-def ranks(size, body, store=None):
-    """body(star) on one thread per rank; return each rank's result (or the exception it raised)."""
-    store, out = store or DictStore(), [None] * size
-
-    def one(r):
-        try:
-            out[r] = body(StoreStar(store, r, size))
-        except Exception as exc:  # noqa: BLE001 - the test looks at it
-            out[r] = exc
-
-    threads = [threading.Thread(target=one, args=(r,)) for r in range(size)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-    return out
 
 
 def test_collect_then_share_round_trips_json():
