@@ -1,7 +1,7 @@
 """The doctor's steps on every rank, rank 0 leading: facts, listeners, every pair, the matrix, collectives.
 
-The ranks meet through a :class:`spmd.runtime.star.Star` (MPI point to point under an MPI launcher,
-else the launcher's or spmd's rendezvous store), which never routes between two other hosts, and
+The ranks meet through a :class:`spmd.runtime.star.Star` (``open_star``: Hydra's key space before
+MPI starts, a rendezvous store, or MPI point to point), which never routes between two other hosts;
 every step is bounded: a rank that stays silent is named, never waited for.  The first rank of each
 host leads it: it listens on the address spmd would use there (``spmd.doctor.links``), connects to
 every other host's, reads its clock against rank 0's host, and sends bytes to one host at a time in
