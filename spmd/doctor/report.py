@@ -14,8 +14,8 @@ from spmd.doctor.judge import Finding, blocks
 
 __all__ = ["Report", "as_json", "as_text"]
 
-_HOST_KEYS = ("host", "address", "interface", "why", "resolves_to", "ranks", "versions", "clock_offset_s",
-              "warnings", "errors")
+_HOST_KEYS = ("host", "address", "interface", "why", "interfaces", "resolves_to", "ranks", "versions",
+              "clock_offset_s", "warnings", "errors")
 _PAIR_KEYS = ("a", "b", "ok", "error", "connect_ms", "mbps", "address", "port", "interface")
 _SHOWN_VERSIONS = ("python", "torch", "spmd", "mpi4py")
 
@@ -68,11 +68,13 @@ def as_text(report: Report) -> str:
     names = [h["host"] for h in report.hosts]
     lines = [f"spmd doctor: {len(names)} host{'s' * (len(names) != 1)}, {report.size} rank"
              f"{'s' * (report.size != 1)}, started by {report.launcher}"]
-    rows = [["host", "ranks", "address", "interface", "resolves to", *_SHOWN_VERSIONS, "clock"]]
+    rows = [["host", "ranks", "address", "interface", "of", "resolves to", *_SHOWN_VERSIONS, "clock"]]
     for h in report.hosts:
         offset = h.get("clock_offset_s")
         rows.append([h["host"], ",".join(map(str, h["ranks"][:6])) + ("..." if len(h["ranks"]) > 6 else ""),
-                     h.get("address") or "-", h.get("interface") or "-", ",".join(h.get("resolves_to") or []) or "-",
+                     h.get("address") or "-", h.get("interface") or "-",
+                     ",".join(dict.fromkeys(a["interface"] for a in h.get("interfaces") or ())) or "-",
+                     ",".join(h.get("resolves_to") or []) or "-",
                      *[str(h["versions"].get(k) or "-") for k in _SHOWN_VERSIONS],
                      "-" if offset is None else f"{offset:+.3f} s"])
     lines += _table(rows)

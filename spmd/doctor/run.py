@@ -165,6 +165,8 @@ class _Walk:
             hosts.append({"host": h["host"], "ranks": h["ranks"], "address": t.get("address"),
                           "interface": t.get("interface"), "why": t.get("why"), "reaches_all": t.get("reaches_all"),
                           "resolves_to": list(h["card"]["resolves_to"]), "versions": h["versions"],
+                          "interfaces": [{k: a[k] for k in ("interface", "ip", "prefix", "up")}
+                                         for a in h["card"]["addresses"]],
                           "rank_versions": h["rank_versions"], "error": t.get("error") if t.get("port") is None
                           and t.get("error") != "said nothing" else None,
                           "clock_offset_s": 0.0 if i == 0 else got.get("clock")})

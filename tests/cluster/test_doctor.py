@@ -40,6 +40,7 @@ def test_a_healthy_cluster_passes_with_every_pair_measured_and_a_loopback_name_w
     assert got["ok"] and [h["host"] for h in got["hosts"]] == ["h1", "h2", "h3"]
     assert [sorted(h["ranks"]) for h in got["hosts"]] == [[0, 1], [2, 3], [4, 5]]
     assert all(h["interface"] == "eth0" and h["address"].startswith(SUBNET) for h in got["hosts"]), got["hosts"]
+    assert all({"eth0", "dock0"} <= {a["interface"] for a in h["interfaces"]} for h in got["hosts"])  # and the trap
     assert len(got["pairs"]) == 6 and all(p["ok"] and p["connect_ms"] > 0 and p["mbps"] > 0 for p in got["pairs"])
     assert all(c["ok"] for c in got["collectives"]) and len(got["collectives"]) == 10
     h2 = got["hosts"][1]
