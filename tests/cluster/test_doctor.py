@@ -153,3 +153,27 @@ def test_spmd_preflight_names_a_partition_where_mpi_init_would_wait_for_ever(lab
     assert re.search(r"h2 -> h3: 198\.18\.0\.13:\d+ \(eth0\): no answer within 5 s", text), text[-4000:]
     assert re.search(r"h3 -> h2: 198\.18\.0\.12:\d+ \(eth0\)", text) and "h1 ->" not in text, text[-4000:]
     assert "Reduced result" not in text and took < 60, f"took {took:.0f} s"
+
+
+@pytest.mark.parametrize("drop", [False, True])
+def test_open_mpi_across_hosts_meets_over_mpi(lab, openmpi, drop):
+    """Open MPI's mpirun over 3 hosts (its rsh agent enters each): the doctor's ranks meet over MPI point
+    to point, rank 0 with each other rank alone; a partition between h2 and h3 is named all the same."""
+    mpirun, python = openmpi
+    if drop:
+        lab.drop("h2", "h3")
+    hostfile = lab.dir / "openmpi-hosts-3"
+    hostfile.write_text("h1 slots=1\nh2 slots=1\nh3 slots=1\n")
+    cmd = [mpirun, "--mca", "plm_rsh_agent", lab.enter, "--hostfile", hostfile, "--map-by", "ppr:1:node",
+           "-n", "3", python, "-m", "spmd.doctor", "--json"]
+    out = finish(lab.popen("login", [str(c) for c in cmd], env(SPMD_IFNAME="eth0", OMPI_ALLOW_RUN_AS_ROOT=1,
+                                                                  OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1)),
+                 180, "spmd doctor under Open MPI across the lab's hosts")
+    got = json_of(out)
+    assert got["launcher"] == "openmpi" and [h["host"] for h in got["hosts"]] == ["h1", "h2", "h3"], got
+    failed = sorted((p["a"], p["b"]) for p in got["pairs"] if not p["ok"])
+    if drop:
+        assert out.returncode != 0 and failed == [("h2", "h3"), ("h3", "h2")], out.stdout[-3000:]
+    else:
+        assert out.returncode == 0 and failed == [], out.stdout[-3000:]
+        assert {c["backend"] for c in got["collectives"]} == {"mpi"} and all(c["ok"] for c in got["collectives"])
