@@ -3,7 +3,8 @@
 Here each host has three besides loopback, ahead of eth0 in interface order: dock0 (the same
 address on every host, as docker0), and lan1, up, with an address of its own on a network of its
 own (198.19.N.1/24 on hN) that goes nowhere (tests/cluster/lab.py, ``isolate``).  The hosts name
-themselves 127.0.1.1.  Under mpiexec and torchrun, on gloo, every rank must still choose eth0.
+themselves 127.0.1.1.  Under mpiexec and torchrun, on gloo, every rank must still choose eth0; under
+Open MPI, on gloo and mpi, with no SPMD_IFNAME, Open MPI's own TCP transport must be told eth0 too.
 """
 
 import ipaddress
@@ -75,6 +76,28 @@ def test_torchrun_on_gloo_chooses_eth0_over_an_isolated_interface(isolated):
         ("h1", 0, 0), ("h1", 0, 1), ("h2", 1, 0), ("h2", 1, 1)]
     assert_on_eth0(rows)
     assert {(r["backend"], r["launcher"]) for r in rows} == {("gloo", "torchrun")}
+
+
+@pytest.mark.parametrize("backend", ["gloo", "mpi"])
+def test_open_mpi_without_spmd_ifname_is_told_eth0(isolated, openmpi, backend):
+    """Open MPI's mpirun over 2 hosts x 2 with nothing set: spmd tells Open MPI's TCP transport the interface
+    its own daemon reached the other hosts by (eth0), before MPI_Init.  Untold, dock0 and lan1 confuse
+    it: 'accepted a TCP connection from ... another Open MPI process but cannot find a corresponding
+    process entry', and the job hangs."""
+    mpirun, python = openmpi
+    hostfile = isolated.dir / "openmpi-hosts"
+    hostfile.write_text("h1 slots=2\nh2 slots=2\n")
+    cmd = [mpirun, "--mca", "plm_rsh_agent", isolated.enter, "--hostfile", hostfile, "--map-by", "ppr:2:node",
+           "-n", "4", python, HOSTS_PY]
+    out = finish(isolated.popen("login", [str(c) for c in cmd], env(
+        SPMD_BACKEND=backend, OMPI_ALLOW_RUN_AS_ROOT=1, OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1)),
+        180, "Open MPI's mpirun across the lab's hosts")
+    assert out.returncode == 0, out.stdout[-4000:]
+    rows = hosts_rows(out.stdout)
+    assert [(r["host"], r["node_rank"], r["local_rank"]) for r in rows] == [
+        ("h1", 0, 0), ("h1", 0, 1), ("h2", 1, 0), ("h2", 1, 1)]
+    assert_on_eth0(rows)
+    assert {(r["backend"], r["launcher"], r["ompi_btl"]) for r in rows} == {(backend, "openmpi", "eth0")}
 
 
 def test_reset_removes_the_isolated_interface_and_its_namespace(isolated):
