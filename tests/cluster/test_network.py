@@ -8,6 +8,7 @@ Open MPI, on gloo and mpi, with no SPMD_IFNAME, Open MPI's own TCP transport mus
 """
 
 import ipaddress
+import re
 import subprocess
 
 import pytest
@@ -98,6 +99,23 @@ def test_open_mpi_without_spmd_ifname_is_told_eth0(isolated, openmpi, backend):
         ("h1", 0, 0), ("h1", 0, 1), ("h2", 1, 0), ("h2", 1, 1)]
     assert_on_eth0(rows)
     assert {(r["backend"], r["launcher"], r["ompi_btl"]) for r in rows} == {(backend, "openmpi", "eth0")}
+
+
+def test_spmd_info_under_mpiexec_shows_each_ranks_host_address_and_why_once(isolated):
+    """spmd info as a job, round-robin over h1 and h2 (ranks 0 and 2 on h1): rank 0 alone prints a row per
+    rank, its host and node numbers measured, the address and interface it chose, and why."""
+    spmd = str(REPO / ".venv" / "bin" / "spmd")
+    out = mpiexec(isolated, ["-n", "4", spmd, "info"], ["h1", "h2"], SPMD_BACKEND="gloo")
+    assert out.returncode == 0, out.stdout[-4000:]
+    text = out.stdout
+    assert text.count("ranks (placement measured from where each rank runs, not rank arithmetic: ranks grouped "
+                      "by host over MPI):") == 1, text[-4000:]
+    assert text.count("backends:") == 1 and "backend: gloo" in text, text[-4000:]
+    rows = re.findall(r"^  (\d+) +(h\d) +(\d/\d) +(\d/\d) +(\S+) +(\S+) +(.*)$", text, re.M)
+    assert [r[:6] for r in rows] == [
+        ("0", "h1", "0/2", "0/2", f"{SUBNET}.11", "eth0"), ("1", "h2", "1/2", "0/2", f"{SUBNET}.12", "eth0"),
+        ("2", "h1", "0/2", "1/2", f"{SUBNET}.11", "eth0"), ("3", "h2", "1/2", "1/2", f"{SUBNET}.12", "eth0")], text
+    assert all(r[6].startswith(f"on {NETWORK}, the network every other host (h") for r in rows), rows
 
 
 def test_reset_removes_the_isolated_interface_and_its_namespace(isolated):
