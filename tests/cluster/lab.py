@@ -474,6 +474,7 @@ def _main(argv=None):
     up.add_argument("--no-dummy", action="store_true", help="no second interface dock0 on the hosts")
     up.add_argument("--outsider", action="store_true")
     up.add_argument("--loopback-names", action="store_true", help="each host names itself 127.0.1.1")
+    up.add_argument("--isolated", action="store_true", help="each host has lan1 too, on a network of its own")
     sub.add_parser("down", help="remove the lab that bin/cluster up made")
     run = sub.add_parser("run", help="run a command on a host: bin/cluster run h1 hostname")
     run.add_argument("host")
@@ -488,6 +489,8 @@ def _main(argv=None):
         lab = Lab.start(args.hosts, dummy=not args.no_dummy, outsider=args.outsider, name=name)
         for h in lab.hosts:
             lab.names(h.name, loopback=args.loopback_names)
+            if args.isolated:
+                lab.isolate(h.name)
         print(f"lab {name}: hosts {' '.join(h.name + '=' + h.address for h in lab.all_hosts())}\n"
               f"  bin/cluster run h1 hostname\n  bin/cluster mpiexec -n 4 -ppn 2 python jobs/collectives.py\n"
               f"  bin/cluster down")
