@@ -66,11 +66,13 @@ def init_mpi_within(MPI, placement, seconds, stuck=None):
         os.waitpid(child, 0)
 
 
-def interface_for_mpi(environ):
+def interface_for_mpi(environ, launcher=None):
     """SPMD_IFNAME, told to the MPI library too before MPI_Init, unless the user told it already:
     Open MPI's TCP transport (OMPI_MCA_btl_tcp_if_include) and UCX's network devices
     (UCX_NET_DEVICES, the MPICH wheel's).  On hosts with several interfaces, one of them holding
-    an address every host has (docker0's), Open MPI's TCP transport otherwise mixes up peers."""
+    an address every host has (docker0's), Open MPI's TCP transport otherwise mixes up peers; so
+    under Open MPI without SPMD_IFNAME, its TCP transport is given the interface that Open MPI's own
+    daemon on this host reached the other hosts by (spmd.runtime.network.daemon_interface)."""
     name = (environ.get("SPMD_IFNAME") or "").strip()
     if name and name not in {n for _, n in socket.if_nameindex()}:  # before MPI_Init fails on it, unexplained
         from spmd.runtime.network import local_card
@@ -82,6 +84,15 @@ def interface_for_mpi(environ):
     if name:
         environ.setdefault("OMPI_MCA_btl_tcp_if_include", name)
         environ.setdefault("UCX_NET_DEVICES", name)
+        return
+    told = ("OMPI_MCA_btl_tcp_if_include", "OMPI_MCA_btl_tcp_if_exclude")
+    if launcher != "openmpi" or any((environ.get(var) or "").strip() for var in told):
+        return
+    from spmd.runtime.network import daemon_interface, daemon_links, local_card
+
+    found = daemon_interface(local_card(), daemon_links())
+    if found is not None:
+        environ["OMPI_MCA_btl_tcp_if_include"] = found.interface
 
 
 def mpi_world(placement, seconds):
@@ -98,7 +109,7 @@ def mpi_world(placement, seconds):
 
     if not MPI.Is_initialized():
         check_mpi_vendor(placement, MPI.get_vendor()[0], MPI.Get_library_version())
-        interface_for_mpi(os.environ)
+        interface_for_mpi(os.environ, placement.launcher)
         if srun_pmi2(os.environ):
             init_mpi_within(MPI, placement, min(seconds, PMI2_INIT_WITHIN), PMI2_STUCK)
         else:

@@ -8,7 +8,8 @@ interface toward a given rendezvous address.  The order: the user's interface (S
 else GLOO_SOCKET_IFNAME); one host: loopback; an address on a network every other host has an
 address on (one held by several hosts, like docker0's, is nobody's link); the kernel's route.
 Never loopback toward another host, never a wildcard.  Each choice says why in words (spmd
-info, the errors).  Choices are pure; ``local_card`` and ``route_source`` read the system.
+info, the errors).  Choices are pure; ``local_card``, ``route_source`` and ``daemon_links`` (before
+MPI_Init under Open MPI: the addresses its own daemon reached the other hosts from) read the system.
 docs/reference.md ("How spmd chooses the network").
 """
 
@@ -27,7 +28,8 @@ from spmd.errors import RendezvousError
 
 __all__ = ["Address", "HostCard", "Choice", "local_card", "interfaces", "route_source", "hosts_of",
            "choose_server", "choose_toward", "user_interface", "loopback_name_note", "host_of_address",
-           "exchange_over_store", "to_text", "from_text", "resolved"]
+           "exchange_over_store", "to_text", "from_text", "resolved", "daemon_links",
+           "daemon_interface"]
 
 _SIOCGIFADDR, _SIOCGIFNETMASK = 0x8915, 0x891B
 
@@ -159,6 +161,59 @@ def route_source(dest: str) -> str | None:
             return s.getsockname()[0].split("%")[0]
         except OSError:
             return None
+
+
+def _tcp_links(pid: int) -> list[str]:
+    """The local addresses of pid's established TCP connections (IPv4), from /proc."""
+    mine = set()
+    try:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                mine.add(target[8:-1])
+    except OSError:
+        return []
+    found = []
+    for line in _read("/proc/net/tcp").splitlines()[1:]:
+        fields = line.split()
+        if len(fields) > 9 and fields[3] == "01" and fields[9] in mine:  # 01: ESTABLISHED
+            found.append(socket.inet_ntoa(struct.pack("<I", int(fields[1].split(":")[0], 16))))
+    return found
+
+
+def _ancestor(names: Sequence[str], depth: int = 6) -> int | None:
+    """The PID of this process's nearest ancestor whose command is one of names, else None."""
+    pid = os.getpid()
+    for _ in range(depth):
+        stat = _read(f"/proc/{pid}/stat")
+        if not stat:
+            return None
+        pid = int(stat.rsplit(")", 1)[1].split()[1])
+        if pid <= 1:
+            return None
+        if _read(f"/proc/{pid}/comm") in names:
+            return pid
+    return None
+
+
+def daemon_links(daemons: Sequence[str] = ("prted", "prterun")) -> list[str]:
+    """The local addresses of the connections held by this process's launcher daemon (Open MPI's
+    prted, or prterun on mpirun's own host): its links to the other hosts, made before MPI_Init."""
+    pid = _ancestor(daemons)
+    return [] if pid is None else _tcp_links(pid)
+
+
+def daemon_interface(card: HostCard, links: Sequence[str]) -> Address | None:
+    """This host's interface that holds most of links (daemon_links), not loopback; None where there
+    are none (one host), or this host has one outward IPv4 interface only (nothing to choose)."""
+    outward = [a for a in card.outward() if ":" not in a.ip]
+    if len(outward) < 2:
+        return None
+    held = [a for a in outward if a.ip in links]
+    return max(held, key=lambda a: links.count(a.ip), default=None)
 
 
 def hosts_of(cards: Sequence[HostCard]) -> list[int]:

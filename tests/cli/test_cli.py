@@ -2,6 +2,7 @@
 
 import json
 import os
+from dataclasses import replace
 
 import pytest
 from click.testing import CliRunner
@@ -9,7 +10,8 @@ from click.testing import CliRunner
 from tests.support import MPIRUN, clean_env, run, tool
 from spmd.runtime import backends
 from spmd.cli import main
-from spmd.cli.info import gather_info
+from spmd.cli.info import gather_info, rank_lines, rank_row
+from spmd.config.placement import detect, regroup
 
 
 def no_launcher(**extra):
@@ -52,18 +54,39 @@ def test_info_names_each_source_of_an_mpich_rank(monkeypatch):
     assert gather_info(hydra)[0]["auto_backend"] == "nccl"
 
 
+@pytest.mark.unit
+def test_a_ranks_row_and_the_table_say_where_it_runs_and_why():
+    hydra = {"PMI_RANK": "1", "PMI_SIZE": "4", "PMI_FD": "5", "MPI_LOCALRANKID": "0", "MPI_LOCALNRANKS": "2"}
+    placed = regroup(detect(hydra), [0, 1, 0, 1], "ranks grouped by host over MPI", ["h1", "h2", "h1", "h2"])
+    why = "on 198.18.0.0/24, the network every other host (h1) has an address on"
+    placed = replace(placed, address="198.18.0.12", interface="eth0", sources={**placed.sources, "address": why})
+    row = rank_row(placed, "mpi")
+    assert row == {"rank": 1, "host": "h2", "node_rank": 1, "num_nodes": 2, "local_rank": 0, "local_size": 2,
+                   "address": "198.18.0.12", "interface": "eth0", "why": why,
+                   "placed": "measured: ranks grouped by host over MPI", "backend": "mpi"}
+    other = {**row, "rank": 10, "host": "h1", "node_rank": 0, "address": "198.18.0.101", "why": "SPMD_IFNAME=eth0"}
+    assert rank_lines([row, other]) == [
+        "ranks (placement measured from where each rank runs, not rank arithmetic: ranks grouped by host over MPI):",
+        "  rank  host  node  local  address       interface  why",
+        f"  1     h2    1/2   0/2    198.18.0.12   eth0       {why}",
+        "  10    h1    0/2   0/2    198.18.0.101  eth0       SPMD_IFNAME=eth0"]
+    guessed = {**row, "placed": "derived: rank // local_size (assumes ranks fill nodes in order)"}
+    assert rank_lines([guessed])[0] == "ranks (placement: derived: rank // local_size (assumes ranks fill nodes in order)):"
+
+
 @pytest.mark.launcher
 @pytest.mark.timeout(60)
 @pytest.mark.skipif(MPIRUN is None, reason="mpirun not found")
 def test_info_under_mpirun_names_each_source(tmp_path):
-    # Each rank writes its own file: mpirun may interleave the ranks' output.
+    # Each rank writes its own file: under a launcher only rank 0 prints, with a row per rank.
     command = f"{tool('spmd')} info --json > {tmp_path}/info.$PMI_RANK"
     result = run([MPIRUN, "-n", 2, "sh", "-c", command], 50)
     assert result.returncode == 0, result.stdout
-    reports = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("info.*"))]
-    assert sorted(r["placement"]["rank"] for r in reports) == [0, 1]
-    for r in reports:
-        assert r["placement"]["launcher"] == "mpich"
-        assert r["placement"]["sources"]["rank"] == "PMI_RANK"
-        assert r["placement"]["size"] == 2
-        assert r["auto_backend"].startswith("mpi")
+    assert (tmp_path / "info.1").read_text() == ""
+    report = json.loads((tmp_path / "info.0").read_text())
+    placement = report["placement"]
+    assert (placement["launcher"], placement["rank"], placement["size"]) == ("mpich", 0, 2)
+    assert placement["sources"]["rank"] == "PMI_RANK"
+    assert report["backend"] == "mpi" and report["auto_backend"].startswith("mpi")
+    assert [(r["rank"], r["node_rank"], r["local_rank"], r["interface"], r["why"]) for r in report["ranks"]] == [
+        (0, 0, 0, "lo", "every rank is on this host"), (1, 0, 1, "lo", "every rank is on this host")]

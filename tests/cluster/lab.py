@@ -21,6 +21,10 @@ Options, each a switch a test can flip at run time:
   ``names(host, own=False)``: the host cannot resolve its own name at all;
 - ``dummy``: at start, every host gets a second interface ``dock0``, a bridge with no port that
   holds the same address 198.19.255.1/24 on every host (as docker0 does), ahead of ``eth0``;
+- ``isolate(host)`` / ``unisolate(host)``: a third interface ``lan1``, up, ahead of ``eth0``, with
+  an address of its own on a network of its own (198.19.N.1/24 on hN): a veth into an otherwise
+  empty namespace, so it reaches no other host (as a cluster's second network that goes nowhere
+  from here); ``reset`` removes it;
 - ``cap(host, mbit)``: the host's link capped both ways (tc tbf);
 - ``cut(host)`` / ``mend(host)``: its link down and up; ``drop(host, peer)``: a silent
   partition, iptables DROP both ways;
@@ -53,6 +57,8 @@ __all__ = ["Lab", "LabUnavailable", "SUBNET", "sweep"]
 
 SUBNET = "198.18.0"  # 198.18.0.0/15: set aside for network benchmarks (RFC 2544), never a real network's
 DUMMY_ADDRESS = "198.19.255.1"
+ISOLATED = "198.19"  # hN's isolated lan1: 198.19.N.1/24, a network no other host is on
+ETH0_INDEX = 10  # eth0's interface index: below it, room for interfaces added ahead of it later (lan1)
 PREFIX = "spmdlab"
 NETNS = Path("/etc/netns")
 # a lab's name and its owner's PID, at the start of each of its namespaces' names: spmdlab<pid>-<n>-h1
@@ -172,6 +178,7 @@ class Lab:
         self.enter = directory / "enter"
         self.hostfile = directory / "hostfile"
         self._names = {h.name: "real" for h in hosts}
+        self._isolated = set()  # hosts with lan1 (isolate)
 
     # -- making and ending -----------------------------------------------------------------------
 
@@ -211,8 +218,8 @@ class Lab:
                 _sh("ip", "-n", host.netns, "link", "add", "dock0", "type", "bridge")
                 _sh("ip", "-n", host.netns, "addr", "add", f"{DUMMY_ADDRESS}/24", "dev", "dock0")
                 _sh("ip", "-n", host.netns, "link", "set", "dock0", "up")
-            _sh("ip", "link", "add", "eth0", "netns", host.netns, "type", "veth", "peer", "name", host.port,
-                "netns", switch)
+            _sh("ip", "link", "add", "eth0", "index", ETH0_INDEX, "netns", host.netns, "type", "veth", "peer",
+                "name", host.port, "netns", switch)
             _sh("ip", "-n", switch, "link", "set", host.port, "master", "br0", "up")
             _sh("ip", "-n", host.netns, "addr", "add", f"{host.address}/24", "dev", "eth0")
             _sh("ip", "-n", host.netns, "link", "set", "eth0", "up")
@@ -372,6 +379,8 @@ class Lab:
             _sh("ip", "netns", "exec", host.netns, "sh", "-c",
                 "command -v iptables >/dev/null && iptables -F INPUT && iptables -F OUTPUT || true", check=False)
             self.names(host.name)
+        for host in sorted(self._isolated):
+            self.unisolate(host)
 
     def kill_all(self, host, sig="KILL"):
         """Send sig to every process of host but its holder (as a dying host, sig KILL).  Not the login
@@ -391,6 +400,28 @@ class Lab:
         with open(NETNS / h.netns / "hosts", "r+") as f:  # in place: the host's bind mount holds this inode
             f.truncate(0)
             f.write(text)
+
+    def isolate(self, host):
+        """Give host a second network interface up, lan1 (198.19.N.1/24 on hN), ahead of eth0, that reaches
+        no other host: a veth whose other end is alone in a namespace of its own."""
+        h = self.host(host)
+        far = f"{h.netns}-lan"
+        number = self.all_hosts().index(h) + 1
+        _sh("ip", "netns", "add", far)
+        self._isolated.add(host)
+        _sh("ip", "link", "add", "lan1", "index", ETH0_INDEX - 1, "netns", h.netns, "type", "veth", "peer", "name",
+            "far", "netns", far)
+        _sh("ip", "-n", far, "link", "set", "far", "up")
+        _sh("ip", "-n", h.netns, "addr", "add", f"{ISOLATED}.{number}.1/24", "dev", "lan1")
+        _sh("ip", "-n", h.netns, "link", "set", "lan1", "up")
+        self._settle([h])
+
+    def unisolate(self, host):
+        """Remove host's lan1 and the namespace of its other end."""
+        h = self.host(host)
+        _sh("ip", "-n", h.netns, "link", "del", "lan1", check=False)  # and its other end
+        _sh("ip", "netns", "del", f"{h.netns}-lan", check=False)
+        self._isolated.discard(host)
 
     def cut(self, host):
         _sh("ip", "-n", f"{self.name}-sw", "link", "set", self.host(host).port, "down")
@@ -443,6 +474,7 @@ def _main(argv=None):
     up.add_argument("--no-dummy", action="store_true", help="no second interface dock0 on the hosts")
     up.add_argument("--outsider", action="store_true")
     up.add_argument("--loopback-names", action="store_true", help="each host names itself 127.0.1.1")
+    up.add_argument("--isolated", action="store_true", help="each host has lan1 too, on a network of its own")
     sub.add_parser("down", help="remove the lab that bin/cluster up made")
     run = sub.add_parser("run", help="run a command on a host: bin/cluster run h1 hostname")
     run.add_argument("host")
@@ -457,6 +489,8 @@ def _main(argv=None):
         lab = Lab.start(args.hosts, dummy=not args.no_dummy, outsider=args.outsider, name=name)
         for h in lab.hosts:
             lab.names(h.name, loopback=args.loopback_names)
+            if args.isolated:
+                lab.isolate(h.name)
         print(f"lab {name}: hosts {' '.join(h.name + '=' + h.address for h in lab.all_hosts())}\n"
               f"  bin/cluster run h1 hostname\n  bin/cluster mpiexec -n 4 -ppn 2 python jobs/collectives.py\n"
               f"  bin/cluster down")

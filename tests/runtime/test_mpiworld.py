@@ -37,6 +37,12 @@ def test_spmd_ifname_is_told_to_the_mpi_libraries_unless_they_were_told():
     env = {}
     interface_for_mpi(env)
     assert env == {}
+    env = {"OMPI_MCA_btl_tcp_if_exclude": "docker0"}  # the user told Open MPI: left alone
+    interface_for_mpi(env, "openmpi")
+    assert env == {"OMPI_MCA_btl_tcp_if_exclude": "docker0"}
+    env = {}
+    interface_for_mpi(env, "mpich")  # Hydra's ranks: nothing found for them, nothing told
+    assert env == {}
     with pytest.raises(SettingsError, match=r"SPMD_IFNAME=nosuch0 names no interface of host .*\(its interfaces: lo"):
         interface_for_mpi({"SPMD_IFNAME": "nosuch0"})
 

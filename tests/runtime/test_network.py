@@ -1,12 +1,15 @@
 """Tests of spmd.runtime.network: which ranks share a host, and which address and interface each uses."""
 
 import socket
+import subprocess
+import sys
 
 import pytest
 
 from spmd.errors import RendezvousError
-from spmd.runtime.network import (Address, HostCard, choose_server, choose_toward, host_of_address, hosts_of,
-                                  local_card, loopback_name_note, route_source, user_interface)
+from spmd.runtime.network import (Address, HostCard, choose_server, choose_toward, daemon_interface, daemon_links,
+                                  host_of_address, hosts_of, local_card, loopback_name_note, route_source,
+                                  user_interface)
 
 pytestmark = pytest.mark.unit
 
@@ -250,3 +253,37 @@ def test_local_card_reads_this_host():
     assert mine.name == socket.gethostname() and mine.name in mine.key
     assert any(a.ip == "127.0.0.1" and a.loopback for a in mine.addresses)
     assert route_source("127.0.0.1") == "127.0.0.1"
+
+
+# --- daemon_interface, daemon_links: Open MPI's own link, before MPI_Init --------------------------
+
+LAN = Address("lan1", "198.19.1.1", 24)
+
+
+def test_the_daemons_interface_is_the_one_holding_its_links():
+    assert daemon_interface(card("h1", DOCK, LAN, eth0(1)), ["198.18.0.11", "127.0.0.1"]) == eth0(1)
+    assert daemon_interface(card("h1", DOCK, eth0(1)), ["198.18.0.11", "198.19.255.1", "198.18.0.11"]) == eth0(1)
+
+
+def test_no_daemon_link_or_one_interface_chooses_nothing():
+    assert daemon_interface(card("h1", DOCK, eth0(1)), []) is None  # one host: no daemon connections
+    assert daemon_interface(card("h1", DOCK, eth0(1)), ["127.0.0.1"]) is None
+    assert daemon_interface(card("h1", eth0(1)), ["198.18.0.11"]) is None  # nothing to choose
+
+
+DAEMON = """
+import socket, sys, subprocess
+open("/proc/self/comm", "w").write("prted")
+server = socket.create_server(("127.0.0.1", 0))
+link = socket.create_connection(server.getsockname())
+child = subprocess.run([sys.executable, "-c", "from spmd.runtime.network import daemon_links; print(daemon_links())"],
+                       capture_output=True, text=True, timeout=60)
+print(child.stdout, child.stderr)
+"""
+
+
+def test_daemon_links_are_the_connections_of_the_nearest_daemon_ancestor():
+    """A parent named prted holding one established connection: its child finds that connection."""
+    out = subprocess.run([sys.executable, "-c", DAEMON], capture_output=True, text=True, timeout=60).stdout
+    assert out.strip() == "['127.0.0.1']", out
+    assert daemon_links(("no-such-daemon",)) == []

@@ -3,7 +3,8 @@
 Each rank checks an all_reduce, an all_gather and a split by host (comm.split(color=node_rank)
 must hold exactly the ranks of this host), then rank 0 prints one line
 ``HOSTS <json>``: per rank its host name, placement numbers, chosen address and interface (and
-why), and GLOO_SOCKET_IFNAME as gloo saw it.
+why), GLOO_SOCKET_IFNAME as gloo saw it, and the interface Open MPI's TCP transport was told
+(OMPI_MCA_btl_tcp_if_include).
 """
 
 import json
@@ -27,6 +28,7 @@ p = comm.placement
 row = {"rank": comm.rank, "host": host, "node_rank": comm.node_rank, "num_nodes": comm.num_nodes,
        "local_rank": comm.local_rank, "local_size": comm.local_size, "address": p.address,
        "interface": p.interface, "why": p.sources.get("address"), "gloo": os.environ.get("GLOO_SOCKET_IFNAME"),
+       "ompi_btl": os.environ.get("OMPI_MCA_btl_tcp_if_include"),
        "backend": comm.backend, "launcher": comm.launcher}
 rows = comm.gather_object(row, root=0)
 if comm.rank == 0:
