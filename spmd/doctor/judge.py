@@ -16,7 +16,7 @@ from typing import Any, Sequence
 from spmd.doctor.facts import VERSIONS_THAT_BLOCK
 
 __all__ = ["Finding", "findings", "pair_findings", "version_findings", "clock_findings", "link_findings",
-           "name_findings", "blocks", "CLOCK_SKEW", "SLOW_LINK"]
+           "name_findings", "silent_findings", "collective_findings", "blocks", "CLOCK_SKEW", "SLOW_LINK"]
 
 #: Seconds of clock difference from rank 0's host worth a warning (traces, logs and credentials skew).
 CLOCK_SKEW = 0.5
@@ -25,6 +25,14 @@ PAIR_FIX = ("a job needs every pair of hosts to connect (gloo and MPI connect ea
             "to each other (TCP, any port), or set SPMD_IFNAME to an interface on a network every host shares")
 #: A host whose links run below this share of the other hosts' median is named as slow.
 SLOW_LINK = 0.5
+#: Versions only a job on the mpi backend cannot mix: elsewhere (srun --mpi=none, torchrun) a difference warns.
+MPI_VERSIONS = ("mpi4py", "mpi")
+#: What to do about a collective that failed once every pair of hosts connected.
+COLLECTIVE_FIX = ("every pair of hosts connects, so the backend fails on the hosts named: a wrong result points at "
+                  "a broken library there (reinstall torch, or the MPI library, on it); an error or a timeout at the "
+                  "backend's own transport (gloo: set SPMD_IFNAME to the interface the pairs used; mpi: the MPI "
+                  "library's network settings); run the doctor with the other backend (SPMD_BACKEND=gloo or mpi) to "
+                  "tell the backend from the hosts")
 
 
 @dataclass(frozen=True)
@@ -34,7 +42,7 @@ class Finding:
     level: str
     text: str
     hosts: tuple[str, ...] = field(default=())
-    fix: str | None = None  # what to do, when several findings share it
+    fix: str | None = None  # what to do, when the words do not say it
 
     def as_dict(self) -> dict[str, Any]:
         return dict(asdict(self), hosts=list(self.hosts))
@@ -84,12 +92,13 @@ def pair_findings(pairs: Sequence[dict[str, Any]]) -> list[Finding]:
     return out
 
 
-def version_findings(hosts: Sequence[dict[str, Any]]) -> list[Finding]:
-    """Each version that differs between hosts (naming the fewest), or between the ranks of one host."""
+def version_findings(hosts: Sequence[dict[str, Any]], mpi: bool = True) -> list[Finding]:
+    """Each version that differs between hosts (naming the fewest), or between the ranks of one host; mpi:
+    an MPI launcher started the doctor, so mpi4py and the MPI library must agree too (else they warn)."""
     out = []
     keys = list(dict.fromkeys(k for h in hosts for k in h["versions"]))
     for key in keys:
-        level = "error" if key in VERSIONS_THAT_BLOCK else "warning"
+        level = "error" if key in VERSIONS_THAT_BLOCK and (mpi or key not in MPI_VERSIONS) else "warning"
         for h in hosts:
             own = {v.get(key) for v in h.get("rank_versions", {}).values()}
             if len(own) > 1:
@@ -106,7 +115,9 @@ def version_findings(hosts: Sequence[dict[str, Any]]) -> list[Finding]:
         else:
             listed = ", ".join(f"{h['host']} has {key} {h['versions'].get(key) or '(not installed)'}" for h in odd[:8])
             text = f"{listed}, the others {usual}"
-        fix = "install the same on every host" + (" (a job cannot mix them)" if level == "error" else "")
+        fix = "install the same on every host" + (" (a job cannot mix them)" if level == "error" else
+                                                  " (a job on the mpi backend cannot mix them)"
+                                                  if key in MPI_VERSIONS else "")
         out.append(Finding(level, f"{text}: {fix}", tuple(h["host"] for h in odd)))
     return out
 
@@ -139,21 +150,54 @@ def link_findings(pairs: Sequence[dict[str, Any]]) -> list[Finding]:
             out.append(Finding("warning", (
                 f"{host}'s links are slow: {statistics.median(own):.1f} MB/s to and from it (median of "
                 f"{len(own)}), against {statistics.median(rest):.1f} MB/s between the other hosts: a capped or "
-                f"shared link, a slower NIC, or a busy host; every collective waits for it"), (host,)))
+                f"shared link, a slower NIC, or a busy host; every collective waits for it"), (host,),
+                f"find what slows {host}: its NIC's speed and duplex (ethtool), a traffic shaper (tc qdisc show), "
+                f"other jobs' traffic or a busy CPU on {host} (top); or leave {host} out of the job"))
+    return out
+
+
+def silent_findings(silent: Sequence[dict[str, Any]], root: str) -> list[Finding]:
+    """Each rank (or host) that said nothing to rank 0 within its step: its host, when, and the fix."""
+    out = []
+    for s in silent:
+        hosts = tuple(s.get("hosts", ()))
+        where = " and ".join(hosts)
+        fix = (f"check that {where} reaches {root} (rank 0's host) over TCP, any port (a firewall or a route "
+               f"between them), and that the rank did not crash there: its own output says which; or leave "
+               f"{where} out of the job" if hosts else
+               f"check that the launcher started every rank and that each rank's host reaches {root} (rank 0's "
+               "host) over TCP: the silent rank's own output says why")
+        out.append(Finding("error", f"{s['who']} said nothing to rank 0 within {s['seconds']:g} s ({s['when']}): it "
+                                    f"is gone, or its host cannot reach rank 0's ({root})", hosts, fix))
+    return out
+
+
+def collective_findings(collectives: Sequence[dict[str, Any]] | None,
+                        hosts: Sequence[dict[str, Any]]) -> list[Finding]:
+    """Each collective that failed, by the hosts (and ranks) where it did; init's failure on every host."""
+    where = {r: h["host"] for h in hosts for r in h.get("ranks", ())}
+    out = []
+    for c in collectives or ():
+        if c["ok"]:
+            continue
+        ranks = c.get("ranks") or []
+        names = tuple(dict.fromkeys(where.get(r, f"rank {r}") for r in ranks))
+        if ranks:
+            listed = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
+            on = f"on {listed} (rank{'s' * (len(ranks) != 1)} {', '.join(map(str, ranks[:8]))})"
+        else:
+            names, on = tuple(h["host"] for h in hosts), "on every host"
+        out.append(Finding("error", f"{c['name']} failed {on}: {c['error']}",
+                           tuple(n for n in names if not n.startswith("rank ")), COLLECTIVE_FIX))
     return out
 
 
 def findings(hosts: Sequence[dict[str, Any]], pairs: Sequence[dict[str, Any]], silent: Sequence[dict[str, Any]],
-             collectives: Sequence[dict[str, Any]] | None, root: str) -> list[Finding]:
-    """Every finding, errors first."""
-    out = [Finding("error", f"{s['who']} said nothing to rank 0 within {s['seconds']:g} s ({s['when']}): it is "
-                            "gone, or its host cannot reach rank 0's", tuple(s.get("hosts", ())))
-           for s in silent]
-    out += name_findings(hosts) + pair_findings(pairs) + version_findings(hosts) + clock_findings(hosts, root)
-    out += link_findings(pairs)
-    for c in collectives or ():
-        if not c["ok"]:
-            out.append(Finding("error", f"{c['name']} failed: {c['error']}"))
+             collectives: Sequence[dict[str, Any]] | None, root: str, mpi: bool = True) -> list[Finding]:
+    """Every finding, errors first; mpi: an MPI launcher started the job (see version_findings)."""
+    out = silent_findings(silent, root) + name_findings(hosts) + pair_findings(pairs)
+    out += version_findings(hosts, mpi) + clock_findings(hosts, root) + link_findings(pairs)
+    out += collective_findings(collectives, hosts)
     return sorted(out, key=lambda f: f.level != "error")
 
 

@@ -2,7 +2,8 @@
 
 ``as_json`` keeps the keys docs/doctor.md promises: ``hosts`` (host, address, interface, resolves_to,
 versions, clock_offset_s, warnings), ``pairs`` (a, b, ok, error, connect_ms, mbps), ``collectives``,
-``findings`` and ``ok``.  ``as_text`` is what rank 0 prints without ``--json``.
+``findings`` and ``ok``; ``met_at`` and ``seconds``, when the ranks met (CLOCK_MONOTONIC on rank 0's
+host) and how long the checks took from there.  ``as_text`` is what rank 0 prints without ``--json``.
 """
 
 from __future__ import annotations
@@ -25,9 +26,10 @@ class Report:
 
     def __init__(self, launcher: str, size: int, hosts: Sequence[dict[str, Any]], pairs: Sequence[dict[str, Any]],
                  found: Sequence[Finding], collectives: Sequence[dict[str, Any]] | None = None,
-                 skipped: str | None = None) -> None:
+                 skipped: str | None = None, met_at: float | None = None, seconds: float | None = None) -> None:
         self.launcher, self.size, self.hosts, self.pairs = launcher, size, list(hosts), list(pairs)
         self.found, self.collectives, self.skipped = list(found), collectives, skipped
+        self.met_at, self.seconds = met_at, seconds  # when the ranks met (time.monotonic), and the checks' time
         for h in self.hosts:
             h["warnings"] = [f.text for f in self.found if f.level == "warning" and h["host"] in f.hosts]
             h["errors"] = [f.text for f in self.found if f.level == "error" and h["host"] in f.hosts]
@@ -46,6 +48,7 @@ def as_json(report: Report) -> str:
         "pairs": [{k: p.get(k) for k in _PAIR_KEYS} for p in report.pairs],
         "collectives": report.collectives, "collectives_skipped": report.skipped,
         "findings": [f.as_dict() for f in report.found],
+        "met_at": report.met_at, "seconds": report.seconds,
     }, indent=1)
 
 
@@ -67,7 +70,8 @@ def as_text(report: Report) -> str:
     """The report as rank 0 prints it."""
     names = [h["host"] for h in report.hosts]
     lines = [f"spmd doctor: {len(names)} host{'s' * (len(names) != 1)}, {report.size} rank"
-             f"{'s' * (report.size != 1)}, started by {report.launcher}"]
+             f"{'s' * (report.size != 1)}, started by {report.launcher}"
+             + (f"; checked in {report.seconds:.1f} s from the ranks' meeting" if report.seconds is not None else "")]
     rows = [["host", "ranks", "address", "interface", "of", "resolves to", *_SHOWN_VERSIONS, "clock"]]
     for h in report.hosts:
         offset = h.get("clock_offset_s")
@@ -98,6 +102,7 @@ def as_text(report: Report) -> str:
         lines.append(f"  fix: {fix}")
     for f in warnings:
         lines.append(f"warning: {f.text}")
+        lines += [f"  fix: {f.fix}"] if f.fix else []
     lines.append("ok: nothing found would stop a job" + (f" ({len(warnings)} warning{'s' * (len(warnings) != 1)})"
                                                          if warnings else "")
                  if report.ok else f"FAILED: {len(errors)} error{'s' * (len(errors) != 1)}: a job would fail here")

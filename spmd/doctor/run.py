@@ -14,6 +14,7 @@ from __future__ import annotations
 import secrets
 import socket
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -78,12 +79,17 @@ class _Walk:
         self.root = star.rank == 0
         self.silent: list[dict[str, Any]] = []  # rank 0's: who said nothing, and when
         self.probed: dict[int, Any] = {}  # rank 0's: each host's connections to the others, and its clock
+        self.met_at: float | None = None  # rank 0's: when the ranks met (time.monotonic), where the bound starts
 
     def run(self) -> Outcome:
         star, o = self.star, self.o
-        facts = local_facts(star.rank, self.mpi)
+        # The bound starts where the ranks have met: under Hydra at its barrier (every rank has started, so
+        # rank 0's wait for a silent one is inside it), elsewhere once rank 0 has every rank's facts.
+        self.met_at = time.monotonic() if star.met else None
+        facts = local_facts(star.rank)
         first = STEP if star.met else o.timeout  # the launcher's barrier already waited for every start
         everyone = star.collect(facts, first)
+        self.met_at = self.met_at or time.monotonic()
         plan = star.share(self._plan(everyone, first) if self.root else None, first + STEP)
         mine = [i for i, h in enumerate(plan["hosts"]) if star.rank in h["ranks"]]
         if not mine:
@@ -175,9 +181,10 @@ class _Walk:
                 pairs.append({"a": h["host"], "b": b["host"], "ok": p["ok"], "error": p["error"],
                               "connect_ms": p["connect_ms"], "mbps": speeds.get(f"{i}>{p['b']}"),
                               "address": b.get("address"), "port": b.get("port"), "interface": b.get("interface")})
-        found = judge.findings(hosts, pairs, self.silent, None, hosts[0]["host"] if hosts else "rank 0")
+        found = judge.findings(hosts, pairs, self.silent, None, hosts[0]["host"] if hosts else "rank 0", self.mpi)
         launcher = detect(self.environ).launcher
-        return Report(launcher, self.star.size, hosts, pairs, found)
+        return Report(launcher, self.star.size, hosts, pairs, found, met_at=self.met_at,
+                      seconds=time.monotonic() - self.met_at)
 
     # -- a host's leader's parts ------------------------------------------------------------------
 
@@ -251,5 +258,6 @@ class _Walk:
 
     def _judged(self, report: Report, collectives: list[dict[str, Any]]) -> Report:
         """report judged again with the collectives' results."""
-        found = judge.findings(report.hosts, report.pairs, self.silent, collectives, report.hosts[0]["host"])
-        return Report(report.launcher, report.size, report.hosts, report.pairs, found, collectives)
+        found = judge.findings(report.hosts, report.pairs, self.silent, collectives, report.hosts[0]["host"], self.mpi)
+        return Report(report.launcher, report.size, report.hosts, report.pairs, found, collectives,
+                      met_at=report.met_at, seconds=time.monotonic() - report.met_at)

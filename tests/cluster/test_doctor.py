@@ -1,7 +1,9 @@
 """spmd doctor across the private cluster's hosts: a healthy cluster passes, and each fault is named.
 
 Under Hydra the ranks meet through its PMI key space (no MPI_Init, which waits for ever on a
-partition); under torchrun through its store.  Bounds are measured from the launch.
+partition); under torchrun through its store.  A time bound starts where the doctor's does: when the
+ranks met (``met_at`` in its --json, rank 0's CLOCK_MONOTONIC, one clock for every namespace of the
+lab), never at the launch (docs/testing.md, "Time bounds").
 """
 
 import json
@@ -12,6 +14,7 @@ import time
 
 import pytest
 
+from spmd.doctor.collectives import NAMES
 from tests.cluster.lab import SUBNET
 from tests.cluster.runs import MPIEXEC, PY, env, mpiexec
 from tests.support import REPO, finish
@@ -32,6 +35,20 @@ def json_of(out):
     return json.loads(text[text.index("{\n"):text.rindex("\n}") + 2])
 
 
+def since_met(got, ended):
+    """Seconds from the ranks' meeting (the doctor's met_at) to ended (time.monotonic() after its exit)."""
+    return ended - got["met_at"]
+
+
+def assert_facts(got):
+    """Every host's versions, one MPI library string for all, and a clock near rank 0's (one machine)."""
+    for h in got["hosts"]:
+        assert all(h["versions"][k] for k in ("python", "torch", "spmd", "mpi4py")), h["versions"]
+        assert isinstance(h["clock_offset_s"], float) and abs(h["clock_offset_s"]) < 1, h
+    libraries = {h["versions"]["mpi"] for h in got["hosts"]}
+    assert len(libraries) == 1 and libraries.pop().startswith("MPICH Version: "), got["hosts"]
+
+
 def test_a_healthy_cluster_passes_with_every_pair_measured_and_a_loopback_name_warned(lab):
     lab.names("h2", loopback=True)
     out, _ = doctor(lab, "--json", n=6, ppn=2)
@@ -42,10 +59,11 @@ def test_a_healthy_cluster_passes_with_every_pair_measured_and_a_loopback_name_w
     assert all(h["interface"] == "eth0" and h["address"].startswith(SUBNET) for h in got["hosts"]), got["hosts"]
     assert all({"eth0", "dock0"} <= {a["interface"] for a in h["interfaces"]} for h in got["hosts"])  # and the trap
     assert len(got["pairs"]) == 6 and all(p["ok"] and p["connect_ms"] > 0 and p["mbps"] > 0 for p in got["pairs"])
-    assert all(c["ok"] for c in got["collectives"]) and len(got["collectives"]) == 10
+    assert all(c["ok"] for c in got["collectives"]) and tuple(c["name"] for c in got["collectives"]) == NAMES
     h2 = got["hosts"][1]
     assert h2["resolves_to"] == ["127.0.1.1"] and "h2 resolves its own name to 127.0.1.1" in h2["warnings"][0]
     assert [f["level"] for f in got["findings"]] == ["warning"]
+    assert_facts(got)
 
 
 def test_a_silent_partition_is_named_both_ways_within_the_bound(lab):
@@ -58,6 +76,10 @@ def test_a_silent_partition_is_named_both_ways_within_the_bound(lab):
                      re.M), text[-4000:]
     assert len(re.findall(r"^error:", text, re.M)) == 1 and "collectives: not run" in text and "h1 <->" not in text
     assert "FAILED: 1 error" in text
+    # the matrix: a row per host, by name, its own column '-', the dropped pair FAILED both ways
+    ok, failed = r"ok [\d.]+ ms \d+ MB/s", "FAILED: no answer within 2 s"
+    for row in (f"h1 +- +{ok} +{ok}", f"h2 +{ok} +- +{failed}", f"h3 +{ok} +{failed} +-"):
+        assert re.search(f"^{row}$", text, re.M), (row, text[-4000:])
     assert took < 45, f"took {took:.0f} s"  # 6-8 s here; the bound leaves room for a loaded machine
 
 
@@ -80,8 +102,11 @@ def test_a_host_capped_at_a_tenth_is_named_in_the_matrix(lab):
     assert out.returncode == 0, out.stdout[-4000:]
     got = json_of(out)
     speed = {(p["a"], p["b"]): p["mbps"] for p in got["pairs"]}
-    assert all(speed[(a, b)] < 20 for a, b in speed if "h3" in (a, b)), speed  # 100 Mbit/s is 12.5 MB/s
-    assert all(speed[(a, b)] > 50 for a, b in speed if "h3" not in (a, b)), speed
+    capped = [v for pair, v in speed.items() if "h3" in pair]
+    assert max(capped) < 20, speed  # 100 Mbit/s is 12.5 MB/s
+    # 1 Gbit/s is 125 MB/s, but a loaded machine's senders measured 33-58 MB/s in 0.2 s: the matrix need only
+    # set them apart from h3's
+    assert all(v > 2 * max(capped) for pair, v in speed.items() if "h3" not in pair), speed
     (slow,) = got["findings"]
     assert slow["level"] == "warning" and slow["hosts"] == ["h3"] and slow["text"].startswith("h3's links are slow")
     assert got["collectives"] is None and got["collectives_skipped"] == "--no-collectives"
@@ -89,55 +114,95 @@ def test_a_host_capped_at_a_tenth_is_named_in_the_matrix(lab):
 
 def test_a_host_with_other_packages_is_named(lab, tmp_path):
     """h3 runs a second venv over the first, with another python-hostlist (one of spmd's requirements): a
-    warning; and the MPICH wheel's library, which lives in the first venv's prefix, does not load there: an
-    error, found before any rank calls MPI_Init."""
+    warning; another spmd: an error; and the MPICH wheel's library, which lives in the first venv's prefix,
+    does not load there: an error, found before any rank calls MPI_Init.  Its spmd is the same code with an
+    installation record (dist-info) of version 0.0.1 ahead of the first venv's, and its Python runs isolated
+    (-I: the checkout's own record, in the cwd and PYTHONPATH, off its path): versions are read from the
+    records, as on a host where another spmd was installed."""
     venv = tmp_path / "venv2"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv], check=True, timeout=120)
     site = next((venv / "lib").glob("python*/site-packages"))
     main = next((REPO / ".venv" / "lib").glob("python*/site-packages"))
     (site / "main-venv.pth").write_text(f"import site; site.addsitedir({str(main)!r})\n")
+    record = next(main.glob("spmd-*.dist-info"))
+    (site / "spmd-0.0.1.dist-info").mkdir()
+    (site / "spmd-0.0.1.dist-info" / "METADATA").write_text(
+        re.sub(r"(?m)^Version: .*$", "Version: 0.0.1", (record / "METADATA").read_text()))
     got = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--disable-pip-version-check",
                           "--target", site, "python-hostlist==1.23.0"], capture_output=True, text=True, timeout=300)
     assert got.returncode == 0, got.stderr[-2000:]
     other = str(venv / "bin" / "python")
     args = ["-ppn", "1"]  # one rank on each host of the hostfile, in its order: h3's runs the second venv
     for python in (PY, PY, other):
-        args += [":"] * (len(args) > 2) + ["-n", "1", python, "-m", "spmd.doctor"]
+        isolated = ["-I"] if python == other else []  # h3: neither the checkout (cwd, PYTHONPATH) nor its record
+        args += [":"] * (len(args) > 2) + ["-n", "1", python, *isolated, "-m", "spmd.doctor"]
     cmd = lab.mpiexec_args(MPIEXEC, args)
     out = finish(lab.popen("login", cmd, env()), 150, "spmd doctor with a second venv on h3")
     assert out.returncode == 1, out.stdout[-4000:]
     assert "warning: h3 has python-hostlist 1.23.0, the others 2." in out.stdout, out.stdout[-4000:]
+    assert re.search(r"^error: h3 has spmd 0\.0\.1, the others \d+\.\d+\.\d+: install the same on every host "
+                     r"\(a job cannot mix them\)$", out.stdout, re.M), out.stdout[-4000:]
     assert re.search(r"^error: h3 has mpi none \(RuntimeError: cannot load MPI library\), the others MPICH Version: "
                      r"\d", out.stdout, re.M), out.stdout[-4000:]
     assert "collectives: not run" in out.stdout
 
 
 def test_torchrun_with_an_agent_per_host_runs_the_doctor(lab):
+    """torchrun never starts MPI: every host still reports its MPI library, the same string on each."""
     torchrun = str(REPO / ".venv" / "bin" / "torchrun")
     agents = [lab.popen(host, [torchrun, "--nnodes", "3", "--nproc-per-node", "1", "--node-rank", str(i),
-                               "--master-addr", f"{SUBNET}.11", "--master-port", "29519", "-m", "spmd.doctor"],
-                        env())
+                               "--master-addr", f"{SUBNET}.11", "--master-port", "29519", "-m", "spmd.doctor",
+                               "--json"], env())
               for i, host in enumerate(["h1", "h2", "h3"])]
-    outs = [finish(a, 180, f"torchrun's agent on h{i + 1}").stdout for i, a in enumerate(agents)]
-    assert [a.returncode for a in agents] == [0, 0, 0], "\n".join(o[-3000:] for o in outs)
-    assert "spmd doctor: 3 hosts, 3 ranks, started by torchrun" in outs[0], outs[0][-3000:]
-    assert "on backend gloo)" in outs[0] and "ok: nothing found would stop a job" in outs[0]
-    assert "spmd doctor:" not in outs[1] + outs[2]  # rank 0 alone reports
+    outs = [finish(a, 180, f"torchrun's agent on h{i + 1}") for i, a in enumerate(agents)]
+    assert [a.returncode for a in agents] == [0, 0, 0], "\n".join(o.stdout[-3000:] for o in outs)
+    got = json_of(outs[0])
+    assert got["ok"] and got["launcher"] == "torchrun" and [h["host"] for h in got["hosts"]] == ["h1", "h2", "h3"]
+    assert {c["backend"] for c in got["collectives"]} == {"gloo"} and all(c["ok"] for c in got["collectives"])
+    assert_facts(got)
+    assert '"hosts"' not in outs[1].stdout + outs[2].stdout  # rank 0 alone reports
 
 
-def test_eight_hosts_with_a_silent_partition_end_bounded():
-    """8 hosts x 1 rank, h4 and h7 dropping each other's packets: the pair named, the rest measured; the
-    doctor's own waits are 2 s a connection and 3 s for the matrix, the rest is 8 Pythons on 2 cores."""
-    from tests.cluster.lab import Lab
+@pytest.fixture(scope="module")
+def lab8():
+    """Eight hosts of one rank each, for the module's 8-host cases (a lab of 8 costs seconds to build)."""
+    from tests.cluster.lab import Lab, LabUnavailable
 
-    with Lab.start(hosts=8, dummy=False) as lab8:
-        lab8.drop("h4", "h7")
-        out, took = doctor(lab8, n=8)
-    text = out.stdout
-    assert out.returncode == 1, text[-4000:]
-    assert re.search(r"^error: h4 <-> h7: no answer within 2 s", text, re.M), text[-4000:]
-    assert len(re.findall(r"^error:", text, re.M)) == 1 and text.count("ok ") >= 8 * 7 - 2
-    assert took < 60, f"took {took:.0f} s"  # 13 s here by hand
+    try:
+        lab = Lab.start(hosts=8, dummy=False)
+    except LabUnavailable as exc:
+        pytest.skip(f"no private cluster here: {exc}")
+    yield lab
+    lab.stop()
+
+
+@pytest.mark.parametrize("pair, within", [(("h4", "h7"), 15), (("h1", "h5"), 20)],
+                         ids=["between-two-hosts", "with-rank-0s-host"])
+def test_eight_hosts_with_a_silent_partition_end_bounded(lab8, pair, within):
+    """8 hosts x 1 rank, two dropping each other's packets: the pair named, the rest measured, within the
+    bound from the ranks' meeting to the launcher's exit.  Between two hosts the doctor waits 2 s a
+    connection and 3 s for the matrix: the issue's 15 s (8.4-9.5 s measured, docs/doctor.md).  With rank
+    0's host it also waits STEP (8 s) for the silent rank's facts (that rank cannot reach rank 0's store):
+    15 s and 5 for a loaded machine (12.9-13.8 s measured)."""
+    lab8.reset()
+    a, b = pair
+    lab8.drop(a, b)
+    out, _ = doctor(lab8, "--json", n=8)
+    ended = time.monotonic()
+    lab8.reset()
+    got = json_of(out)
+    assert out.returncode == 1, out.stdout[-4000:]
+    errors = [f["text"] for f in got["findings"] if f["level"] == "error"]
+    failed = sorted((p["a"], p["b"]) for p in got["pairs"] if not p["ok"])
+    if a == "h1":  # rank 4 never reports: its host is named, and every other pair still measured
+        assert len(errors) == 1 and errors[0].startswith("rank 4 on h5 said nothing to rank 0 within"), errors
+        assert failed == [] and len(got["pairs"]) == 7 * 6
+    else:
+        assert len(errors) == 1 and errors[0].startswith("h4 <-> h7: no answer within 2 s"), errors
+        assert failed == [("h4", "h7"), ("h7", "h4")] and len(got["pairs"]) == 8 * 7
+    assert sum(bool(p["mbps"]) for p in got["pairs"]) == len(got["pairs"]) - len(failed)
+    took = since_met(got, ended)
+    assert took < within, f"took {took:.1f} s from the ranks' meeting (the checks {got['seconds']:.1f} s)"
 
 
 def test_spmd_preflight_names_a_partition_where_mpi_init_would_wait_for_ever(lab):

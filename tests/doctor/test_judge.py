@@ -2,8 +2,8 @@
 
 import pytest
 
-from spmd.doctor.judge import blocks, clock_findings, findings, link_findings, name_findings, pair_findings, \
-    version_findings
+from spmd.doctor.judge import blocks, clock_findings, collective_findings, findings, link_findings, name_findings, \
+    pair_findings, silent_findings, version_findings
 
 pytestmark = pytest.mark.unit
 
@@ -94,14 +94,53 @@ def test_a_capped_host_is_named_slow_and_two_hosts_have_no_reference():
     pairs = [pair(a, b, mbps=8.0 if "h3" in (a, b) else 900.0) for a in names for b in names if a != b]
     (found,) = link_findings(pairs)
     assert found.hosts == ("h3",) and found.text.startswith("h3's links are slow: 8.0 MB/s")
+    assert found.fix.startswith("find what slows h3: its NIC's speed and duplex (ethtool), a traffic shaper")
+    assert found.fix.endswith("or leave h3 out of the job")
     assert link_findings([pair("h1", "h2", mbps=1.0), pair("h2", "h1", mbps=900.0)]) == []
 
 
 def test_errors_come_first_and_block():
     hosts = [host("h1", resolves_to=["127.0.1.1"]), host("h2")]
     silent = [{"who": "rank 3 on h2", "seconds": 8, "when": "at the start", "hosts": ["h2"]}]
-    found = findings(hosts, mesh(["h1", "h2"]), silent, [{"name": "all_reduce", "ok": False, "error": "rank 1: x"}],
-                     "h1")
+    found = findings(hosts, mesh(["h1", "h2"]), silent,
+                     [{"name": "all_reduce", "ok": False, "error": "x", "ranks": [1]}], "h1")
     assert [f.level for f in found] == ["error", "error", "warning"] and blocks(found)
     assert found[0].text.startswith("rank 3 on h2 said nothing to rank 0 within 8 s") and found[0].hosts == ("h2",)
     assert not blocks([f for f in found if f.level == "warning"])
+
+
+def test_a_silent_rank_names_its_host_and_the_fix():
+    silent = [{"who": "rank 2 on h3", "seconds": 8, "when": "at the start", "hosts": ["h3"]}]
+    (found,) = silent_findings(silent, "h1")
+    assert found.level == "error" and found.hosts == ("h3",)
+    assert found.text == ("rank 2 on h3 said nothing to rank 0 within 8 s (at the start): it is gone, or its host "
+                          "cannot reach rank 0's (h1)")
+    assert found.fix.startswith("check that h3 reaches h1 (rank 0's host) over TCP, any port (a firewall or a route")
+    assert "its own output says which; or leave h3 out of the job" in found.fix
+    (unknown,) = silent_findings([{"who": "rank 5", "seconds": 20, "when": "at the start"}], "h1")
+    assert unknown.hosts == () and "the launcher started every rank" in unknown.fix
+
+
+def test_a_failed_collective_names_its_hosts_and_ranks_and_the_fix():
+    hosts = [host("h1", ranks=[0, 1]), host("h2", ranks=[2, 3]), host("h3", ranks=[4, 5])]
+    failed = {"name": "all_reduce", "ok": False, "error": "a wrong result", "ranks": [2, 3, 5], "ms": 1.0}
+    (found,) = collective_findings([failed, dict(failed, name="barrier", ok=True, ranks=[])], hosts)
+    assert found.level == "error" and found.hosts == ("h2", "h3")
+    assert found.text == "all_reduce failed on h2, h3 (ranks 2, 3, 5): a wrong result"
+    assert found.fix.startswith("every pair of hosts connects, so the backend fails on the hosts named")
+    assert "SPMD_BACKEND=gloo or mpi" in found.fix and "SPMD_IFNAME" in found.fix
+    (init,) = collective_findings([{"name": "init", "ok": False, "error": "timed out", "ms": None}], hosts)
+    assert init.text == "init failed on every host: timed out" and init.hosts == ("h1", "h2", "h3")
+
+
+def test_an_mpi_library_that_does_not_load_is_an_error_under_mpi_and_a_warning_elsewhere():
+    hosts = [host("h1"), host("h2"), host("h3", versions=dict(VERSIONS, mpi="none (RuntimeError: cannot load)"))]
+    for h in hosts[:2]:
+        h["versions"]["mpi"] = "MPICH Version: 5.0.2"
+    (under_mpi,) = version_findings(hosts)
+    assert under_mpi.level == "error" and under_mpi.hosts == ("h3",)
+    assert under_mpi.text.startswith("h3 has mpi none (RuntimeError: cannot load), the others MPICH Version: 5.0.2")
+    (elsewhere,) = version_findings(hosts, mpi=False)
+    assert elsewhere.level == "warning" and elsewhere.text.endswith("(a job on the mpi backend cannot mix them)")
+    hosts[2]["versions"]["torch"] = "2.12.0"
+    assert {f.level for f in version_findings(hosts, mpi=False) if "torch" in f.text} == {"error"}

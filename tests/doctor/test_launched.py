@@ -5,6 +5,7 @@ import re
 
 import pytest
 
+from spmd.doctor.collectives import NAMES
 from tests.support import BIN, MPIRUN, PY, clean_env, run, tool
 
 pytestmark = pytest.mark.launcher
@@ -23,10 +24,12 @@ def assert_healthy(result, ranks, backend):
     got = report_of(result)
     assert got["ok"] and got["ranks"] == ranks and len(got["hosts"]) == 1 and got["pairs"] == []
     assert sorted(got["hosts"][0]["ranks"]) == list(range(ranks))
-    names = [c["name"] for c in got["collectives"]]
-    assert names[:3] == ["barrier", "broadcast", "all_reduce"] and "sendrecv ring" in names
+    assert tuple(c["name"] for c in got["collectives"]) == NAMES  # one of every public collective
     assert all(c["ok"] and c["backend"] == backend for c in got["collectives"]), got["collectives"]
-    assert got["hosts"][0]["versions"]["spmd"] and got["hosts"][0]["versions"]["python"]
+    versions = got["hosts"][0]["versions"]
+    assert versions["spmd"] and versions["python"] and versions["torch"] and versions["mpi4py"]
+    # under every launcher, MPI started or not (spmd run and torchrun never start it): the library answers
+    assert versions["mpi"].startswith(("MPICH Version:", "Open MPI v")), versions
 
 
 def test_under_mpirun_the_ranks_meet_through_hydra_before_mpi_starts():

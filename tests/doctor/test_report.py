@@ -41,3 +41,18 @@ def test_text_lists_the_collectives_when_they_ran():
     ran = [{"name": "barrier", "ok": True, "ms": 0.5, "error": None, "backend": "gloo"}]
     text = as_text(report(collectives=ran))
     assert "on backend gloo): barrier 0.5 ms" in text and text.splitlines()[-1].startswith("ok: ")
+
+
+def test_the_time_from_the_ranks_meeting_and_a_warnings_fix_are_said():
+    names = ["h1", "h2", "h3"]
+    hosts = [host(n, ranks=[i]) for i, n in enumerate(names)]
+    pairs = [pair(a, b, mbps=8.0 if "h3" in (a, b) else 900.0) for a in names for b in names if a != b]
+    done = Report("mpich", 3, hosts, pairs, findings(hosts, pairs, [], None, "h1"), met_at=1234.5, seconds=4.25)
+    text = as_text(done)
+    assert text.splitlines()[0] == "spmd doctor: 3 hosts, 3 ranks, started by mpich; checked in 4.2 s from the " \
+                                   "ranks' meeting"
+    lines = text.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("warning: h3's links are slow"))
+    assert lines[at + 1].startswith("  fix: find what slows h3")
+    got = json.loads(as_json(done))
+    assert (got["met_at"], got["seconds"]) == (1234.5, 4.25)
