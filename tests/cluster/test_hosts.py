@@ -33,12 +33,15 @@ def assert_on_the_shared_network(rows):
         assert row["interface"] == "eth0" and row["gloo"] == "eth0", row
 
 
-def test_a_cut_link_stops_mpi_between_hosts(lab, tmp_path):
-    """The lab is honest: MPI between two hosts goes over their network (no shared memory behind it)."""
+@pytest.mark.parametrize("backend", ["mpi", "gloo"])
+def test_a_cut_link_stops_traffic_between_hosts(lab, tmp_path, backend):
+    """The lab is honest: MPI and gloo between two hosts go over their network (no shared memory behind
+    it): an all-reduce waits while h2's link is cut, and completes once it is mended."""
     flag = tmp_path / "go"
     job = Watched(lab.popen("login", lab.mpiexec_args(
-        str(REPO / ".venv" / "bin" / "mpiexec"), ["-n", "2", "-ppn", "1", PY, REPO / "tests/worlds/cut_link.py", flag],
-        ["h1", "h2"]), env()))
+        str(REPO / ".venv" / "bin" / "mpiexec"),
+        ["-n", "2", "-ppn", "1", PY, REPO / "tests/worlds/cut_link.py", flag, backend], ["h1", "h2"]),
+        env(MASTER_ADDR=f"{SUBNET}.11", MASTER_PORT="29611", GLOO_SOCKET_IFNAME="eth0")))
     try:
         job.wait_for(r"READY \d", count=2, timeout=120)
         lab.cut("h2")
