@@ -88,6 +88,35 @@ def test_a_name_that_does_not_resolve_is_named_as_a_name_under_mpiexec(lab):
     assert took is not None and took < PROMPT, f"took {took} s from the promise"
 
 
+def test_a_partition_is_named_before_mpich_mpi_init_without_preflight(lab):
+    """mpiexec over h1..h3, h2 and h3 dropping each other's packets, default settings (the mpi backend)
+    but SPMD_TIMEOUT=30: the pair check before MPI_Init, over Hydra's key-value space, names both
+    directions of the pair, once, within seconds of the promise, where MPI_Init would wait out
+    SPMD_TIMEOUT and then have every rank say it timed out, naming no pair."""
+    lab.drop("h2", "h3")
+    out = mpiexec(lab, ["-n", "3", "-ppn", "1", PY, TIMED_PY], ["h1", "h2", "h3"], timeout=150, SPMD_TIMEOUT="30")
+    took = since_promise(out.stdout, time.monotonic())
+    count, text = _init_error(out.stdout)
+    assert out.returncode != 0 and count == 1 and _reports(text) == 1, text[-4000:]
+    assert re.search(r"h2 -> h3: 198\.18\.0\.13:\d+ \(eth0\): no answer within 5 s", text), text[-4000:]
+    assert re.search(r"h3 -> h2: 198\.18\.0\.12:\d+ \(eth0\)", text) and "h1 ->" not in text, text[-4000:]
+    assert "MPI_Init did not complete" not in text and "HOSTS " not in text
+    assert took is not None and took < PROMPT, f"took {took} s from the promise"
+
+
+def test_a_rank_that_never_starts_is_said_once_before_mpich_mpi_init(lab):
+    """mpiexec over h1..h3, rank 1 (on h2) never coming to init (tests/worlds/faults.py late), SPMD_TIMEOUT=10:
+    the barrier of the pair check before MPI_Init runs out on rank 0 first, which says so once and ends
+    the job (the late rank included) by its own SIGKILL, where each rank's MPI_Init watcher said it."""
+    out = mpiexec(lab, ["-n", "3", "-ppn", "1", PY, REPO / "tests/worlds/faults.py", "late"], ["h1", "h2", "h3"],
+                  timeout=150, SPMD_TIMEOUT="10")
+    took = since_promise(out.stdout, time.monotonic())
+    count, text = _init_error(out.stdout)
+    assert out.returncode != 0 and count == 1 and _reports(text) == 1, text[-4000:]
+    assert "not every one of the job's 3 ranks started within 10 s" in text, text[-4000:]
+    assert "READY" not in text and took is not None and took < 10 + PROMPT, f"took {took} s from the promise"
+
+
 def test_a_wrong_interface_name_lists_the_host_interfaces(lab):
     """SPMD_IFNAME=ib0 on hosts without it: an error before MPI_Init (where UCX would fail on it,
     unexplained), naming the variable and the host's interfaces."""

@@ -1,13 +1,15 @@
-"""hosts.py with init's clock: timed_init.py imports what init would (torch.distributed, unless the mpi backend
-runs alone), prints tests.support.PROMISE's line, then runs tests/worlds/hosts.py, whose first use of comm
-starts spmd.  A test bounds how long an error at init takes with since_promise (docs/testing.md)."""
+"""hosts.py with init's clock: timed_init.py imports what init would (torch.distributed, unless an MPI launcher
+started it without SPMD_BACKEND=gloo: the mpi backend then runs alone), prints tests.support.PROMISE's line,
+then runs tests/worlds/hosts.py, whose first use of comm starts spmd.  A test bounds how long an error at
+init takes with since_promise (docs/testing.md)."""
 
 import os
 import runpy
 import time
 from pathlib import Path
 
-if os.environ.get("SPMD_BACKEND") != "mpi":  # importing torch would start torch's group beside MPI
+MPI = any(v in os.environ for v in ("PMI_RANK", "OMPI_COMM_WORLD_RANK"))
+if os.environ.get("SPMD_BACKEND") == "gloo" or not MPI:  # under MPI it would start torch's group beside MPI
     import torch.distributed  # noqa: F401
 import spmd.runtime.start  # noqa: F401
 
