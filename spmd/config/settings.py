@@ -70,8 +70,9 @@ class Settings:
     """Prefix each line of stdout and stderr with '[rank] ' (SPMD_TAG_OUTPUT), like spmd run."""
     hints: bool = True
     """Rank 0 says in one line when the job is set up slower than it could be (SPMD_HINTS; default on)."""
-    preflight: bool = False
-    """Connect every pair of hosts before the backend starts, MPI_Init included (SPMD_PREFLIGHT)."""
+    preflight: Optional[bool] = None
+    """Connect every pair of hosts before the backend starts, MPI_Init included (SPMD_PREFLIGHT=1); None
+    (unset): only before MPICH's MPI_Init under Hydra across hosts, over its key-value space; False: never."""
 
     @classmethod
     def parse(cls, environ: Mapping[str, str], backend=None, timeout=None, debug=None,
@@ -89,7 +90,8 @@ class Settings:
             torch_group=parse_torch_group(environ, torch_group),
             tag_output=parse_tag_output(environ),
             hints=_parse_flag(environ, "SPMD_HINTS", None) if environ.get("SPMD_HINTS", "").strip() else True,
-            preflight=_parse_flag(environ, "SPMD_PREFLIGHT", None),
+            preflight=_parse_flag(environ, "SPMD_PREFLIGHT", None) if environ.get("SPMD_PREFLIGHT", "").strip()
+            else None,
         )
 
 

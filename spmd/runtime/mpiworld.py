@@ -40,7 +40,8 @@ def init_mpi_within(MPI, placement, seconds, stuck=None):
 
     MPI_Init holds the GIL, so no Python thread can watch it; a forked child
     does, and kills this process (and so, through the launcher, the job) when the time is up,
-    saying stuck (formatted with seconds) if given, else that not every rank started.
+    saying stuck (formatted with seconds) if given, rank 0 alone (every rank is stuck alike), else
+    on each rank that not every rank started.
     """
     parent = os.getpid()
     child = os.fork()
@@ -95,8 +96,20 @@ def interface_for_mpi(environ, launcher=None):
         environ["OMPI_MCA_btl_tcp_if_include"] = found.interface
 
 
-def mpi_world(placement, seconds):
-    """Return MPI.COMM_WORLD if mpi4py is importable and agrees with the launcher."""
+#: Why MPI_Init did not complete where the pair check before it passed (every rank started, every pair
+#: of hosts connects on spmd's address): MPI's own transport, on another interface or port.
+STUCK_AFTER_CHECK = (
+    "MPI_Init did not complete within {seconds:g} s, though every rank started and every pair of hosts "
+    "connects on the addresses spmd chose (checked before MPI_Init): MPI's own transport cannot connect, on "
+    "another interface or ports a firewall blocks. Set SPMD_IFNAME to the interface the hosts share (spmd "
+    "passes it to UCX and Open MPI), open the hosts' firewalls to each other, or raise SPMD_TIMEOUT")
+
+
+def mpi_world(placement, seconds, checked=False):
+    """Return MPI.COMM_WORLD if mpi4py is importable and agrees with the launcher.
+
+    checked: the pair check before MPI_Init passed (spmd.runtime.pairs.before_mpi_init), so a bounded
+    MPI_Init that runs out is MPI's own transport, said by rank 0 alone."""
     try:
         import mpi4py
     except ImportError:
@@ -113,7 +126,7 @@ def mpi_world(placement, seconds):
         if srun_pmi2(os.environ):
             init_mpi_within(MPI, placement, min(seconds, PMI2_INIT_WITHIN), PMI2_STUCK)
         else:
-            init_mpi_within(MPI, placement, seconds)
+            init_mpi_within(MPI, placement, seconds, STUCK_AFTER_CHECK if checked else None)
     world = MPI.COMM_WORLD
     check_mpi_world(placement, world.Get_rank(), world.Get_size(), MPI.Get_library_version())
     return world

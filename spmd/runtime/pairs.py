@@ -7,7 +7,10 @@ neither host, and MPICH's MPI_Init waits for ever.  ``check_pairs`` runs first, 
 other host's (in threads, each bounded by PAIR_WITHIN seconds), and every rank reads the outcome.  The
 connections carry no data and need no accept: the kernel's handshake is the answer.  A failed pair
 is a RendezvousError on every rank naming each pair, the address and port tried, and the likely cause.
-``preflight`` (SPMD_PREFLIGHT) runs it before any backend starts, hosts exchanged over the star.
+``preflight`` (SPMD_PREFLIGHT=1) runs it before any backend starts, hosts exchanged over the star.
+``before_mpi_init`` runs it by default before MPICH's MPI_Init under Hydra across hosts, through the
+launcher's key-value space alone (no store, no torch): there MPI_Init would otherwise wait its whole
+bound on a partition, and then name no pair.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import errno
 import json
 import socket
+import sys
 import threading
 import time
 from typing import Any, Sequence
@@ -22,10 +26,14 @@ from typing import Any, Sequence
 from spmd.errors import RendezvousError
 from spmd.runtime.star import Star
 
-__all__ = ["check_pairs", "preflight", "probe", "connect_time", "describe_failures", "PAIR_WITHIN"]
+__all__ = ["check_pairs", "preflight", "before_mpi_init", "probe", "connect_time", "describe_failures", "PAIR_WITHIN",
+           "STARTED_GRACE"]
 
 #: Seconds a connection between two hosts may take: a kernel answers a SYN in milliseconds.
 PAIR_WITHIN = 5.0
+#: Seconds more than rank 0 the other ranks wait for every rank to start before MPI_Init, so that rank 0,
+#: which says why, is the first to give up (Hydra ends the job at the first rank that ends).
+STARTED_GRACE = 10.0
 
 
 def probe(address: str, port: int, seconds: float) -> str | None:
@@ -167,3 +175,134 @@ def _try_all(name: str, others: list[list[Any] | None], mine: int, seconds: floa
     for t in threads:
         t.join()
     return sorted(failures, key=lambda f: (f["a"], f["b"]))
+
+
+def before_mpi_init(placement: Any, environ: Any, seconds: float) -> bool:
+    """The pair check before MPICH's MPI_Init, through Hydra's key-value space: when Hydra started a job
+    that spans several hosts and MPI is not running yet; return whether it ran (and passed).
+
+    Each host's first rank listens on its outward addresses and puts its card; rank 0 chooses each host's
+    address (spmd.runtime.network.choose_server) and puts the table; each host's first rank connects to
+    every other's; rank 0 reads the failures and puts its verdict.  Four of Hydra's barriers, the first
+    bounded by seconds (every rank started), the others by PAIR_WITHIN more.  A broken pair, or a rank
+    that never came, is a RendezvousError said by rank 0 alone (rendezvous.everywhere)."""
+    from spmd.runtime.pmi import hydra_pmi
+
+    mpi = sys.modules.get("mpi4py.MPI")
+    local = (environ.get("MPI_LOCALNRANKS") or "").strip()
+    if mpi is not None and mpi.Is_initialized() or not local.isdigit() or int(local) >= placement.size:
+        return False
+    pmi = hydra_pmi(environ)
+    if pmi is None:
+        return False
+    try:
+        _over_pmi(pmi, placement, environ, seconds)
+    except RendezvousError as exc:
+        if not hasattr(exc, "everywhere"):
+            pmi.close()
+        raise
+    pmi.close()
+    return True
+
+
+def _over_pmi(pmi: Any, placement: Any, environ: Any, seconds: float) -> None:
+    from spmd.runtime import network
+    from spmd.runtime.rendezvous import everywhere
+
+    rank, size = placement.rank, placement.size
+    card = network.local_card()
+    listeners: dict[str, socket.socket] = {}
+    then = min(seconds, PAIR_WITHIN) + PAIR_WITHIN  # every rank has started: a barrier is milliseconds
+    try:
+        if (environ.get("MPI_LOCALRANKID") or "").strip() == "0":  # this host's first rank
+            for a in card.outward():
+                try:
+                    listeners[a.ip] = socket.create_server(
+                        (a.ip, 0), family=socket.AF_INET6 if ":" in a.ip else socket.AF_INET, backlog=128)
+                except OSError:
+                    pass
+        own = [network.to_text(card), bool(listeners), {ip: s.getsockname()[1] for ip, s in listeners.items()}]
+        pmi.put_long(f"spmd-pairs-{rank}", json.dumps(own))
+        try:
+            pmi.barrier(seconds if rank == 0 else seconds + STARTED_GRACE)
+        except RendezvousError:
+            raise everywhere(RendezvousError(
+                f"not every one of the job's {size} ranks started within {seconds:g} s (Hydra's barrier before "
+                "MPI_Init): see the launcher's output for a rank that failed to start, or raise SPMD_TIMEOUT"),
+                rank, _said_then_end_job(rank)) from None
+        if rank == 0:
+            try:
+                table: dict[str, Any] = {"hosts": _table(pmi, own, size, environ)}
+            except (RendezvousError, OSError, ValueError) as exc:
+                table = {"error": f"the pair check before MPI_Init: {exc}"}
+            pmi.put_long("spmd-pairs", json.dumps(table))
+        pmi.barrier(then)
+        table = json.loads(pmi.get_long("spmd-pairs") or '{"error": "rank 0 put no table of hosts"}')
+        if "error" in table:
+            raise everywhere(RendezvousError(table["error"]), rank, _said_over_pmi(pmi, then))
+        hosts = table["hosts"]
+        mine = next((h for h, entry in enumerate(hosts) if entry[4] == rank), None)
+        if mine is not None:
+            others = [entry[:4] if entry[1] is not None else None for entry in hosts]
+            pmi.put_long(f"spmd-pairs-failed-{rank}", json.dumps(_try_all(card.name, others, mine, PAIR_WITHIN)))
+        pmi.barrier(then + PAIR_WITHIN)
+    finally:
+        for listener in listeners.values():
+            listener.close()
+    if rank == 0:
+        failed = [f for entry in hosts for f in json.loads(pmi.get_long(f"spmd-pairs-failed-{entry[4]}") or "[]")]
+        pmi.put_long("spmd-pairs-verdict", describe_failures(failed, len(hosts) * (len(hosts) - 1)) if failed else "")
+    pmi.barrier(then)
+    verdict = pmi.get_long("spmd-pairs-verdict")
+    if verdict:
+        raise everywhere(RendezvousError(verdict), rank, _said_over_pmi(pmi, then))
+
+
+def _table(pmi: Any, own: list[Any], size: int, environ: Any) -> list[list[Any]]:
+    """Rank 0: each host's [name, chosen address (None: no listener on it), its port, interface, first
+    rank], from what every rank put (own: rank 0's)."""
+    from spmd.runtime import network
+
+    said = [own] + [json.loads(pmi.get_long(f"spmd-pairs-{r}") or "null") for r in range(1, size)]
+    if any(s is None for s in said):
+        raise RendezvousError(f"ranks {[r for r, s in enumerate(said) if s is None][:20]} put no card")
+    cards = [network.from_text(s[0]) for s in said]
+    numbers = network.hosts_of(cards)
+    hosts = []
+    for h in range(max(numbers) + 1):
+        ranks = [r for r, n in enumerate(numbers) if n == h]
+        first = next((r for r in ranks if said[r][1]), ranks[0])
+        choice = network.choose_server(cards[first], cards, environ)
+        port = said[first][2].get(choice.address)
+        hosts.append([cards[first].name, choice.address if port else None, port, choice.interface or "?", first])
+    return hosts
+
+
+def _said_then_end_job(rank: int) -> Any:
+    """A said() for a rank that never came: Hydra ends a job at a rank killed, not at one that exits, so
+    rank 0, once it has spoken, ends itself by SIGKILL, and with it every rank, the late one included (as
+    the watcher of a bounded MPI_Init does); the others wait for that."""
+    from spmd.runtime.rendezvous import QUIET_GRACE
+
+    def said() -> None:
+        if rank == 0:
+            import os
+            import signal
+
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(QUIET_GRACE)
+    return said
+
+
+def _said_over_pmi(pmi: Any, seconds: float) -> Any:
+    """A said() for rendezvous.everywhere: rank 0 has spoken once every rank is past one more barrier."""
+    def said() -> None:
+        try:
+            pmi.barrier(seconds)
+        except RendezvousError:
+            pass
+        finally:
+            pmi.close()
+    return said

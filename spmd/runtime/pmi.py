@@ -10,10 +10,12 @@ the protocol's text lines (``cmd=put kvsname=... key=... value=...``, ``cmd=barr
 
 from __future__ import annotations
 
+import base64
 import os
 import select
 import socket
 import time
+import zlib
 from typing import Mapping
 
 from spmd.errors import RendezvousError
@@ -65,6 +67,23 @@ class HydraPmi:
         """key's value (after a barrier), or None when no rank put it."""
         got = self._call(f"cmd=get kvsname={self.kvs} key={key}", "get_result")
         return got.get("value") if got.get("rc") == "0" else None
+
+    def put_long(self, key: str, text: str) -> None:
+        """Put text of any length under key (compressed, split over key, key.1, ... when it must be)."""
+        data = base64.b64encode(zlib.compress(text.encode())).decode()
+        size = self.value_max
+        parts = [data[i:i + size] for i in range(0, len(data), size)] or [""]
+        for i, part in enumerate(parts):
+            self.put(f"{key}.{i}" if i else key, (str(len(parts)) + ":" + part) if not i else part)
+
+    def get_long(self, key: str) -> str | None:
+        """The text put_long put under key (after a barrier), or None when no rank put it."""
+        first = self.get(key)
+        if first is None:
+            return None
+        count, data = first.split(":", 1)
+        data += "".join(self.get(f"{key}.{i}") or "" for i in range(1, int(count)))
+        return zlib.decompress(base64.b64decode(data)).decode()
 
     def close(self) -> None:
         self._sock.close()

@@ -29,7 +29,7 @@ from spmd.runtime.unreachable import (ANSWER_WITHIN, CERTAIN, CERTAIN_WITHIN, ca
                                       who_failed)
 
 __all__ = ["slurm_port", "check_address", "rendezvous", "await_peers", "bind_address", "gloo_interface",
-           "everywhere", "said_over_store"]
+           "everywhere", "said_over_store", "said_by_rank_0"]
 
 PORT_BASE, PORT_SPAN = 20000, 10000
 
@@ -53,6 +53,50 @@ def check_address(addr, where="MASTER_ADDR"):
     return addr
 
 
+#: Seconds a rank other than 0 waits before it ends on an error every rank met alike where it has no
+#: channel to rank 0 (plain srun): rank 0 says it, and srun --kill-on-bad-exit must not end rank 0 first.
+QUIET_GRACE = 3.0
+
+_LOCALHOST = ("localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback")
+
+
+def said_by_rank_0(rank, seconds=QUIET_GRACE):
+    """A said() for everywhere without a channel between the ranks: the others give rank 0 seconds."""
+    def said():
+        if rank != 0:
+            time.sleep(seconds)
+    return said
+
+
+def _check_given(placement, addr, agent_store):
+    """The rendezvous address the user (or a launcher) gave, checked alike on every rank before any rank
+    waits for another: a name that does not resolve, or a loopback address for a job on several hosts,
+    is a RendezvousError at once, said by rank 0 alone (everywhere)."""
+    try:
+        check_address(addr)
+        if placement.num_nodes > 1 and not agent_store and _loopback_as_given(addr):
+            hosts = f" ({', '.join(placement.hosts)})" if placement.hosts else ""
+            first = f"the first node, {placement.hosts[0]}" if placement.launcher == "slurm" and placement.hosts \
+                else "an address every host reaches"
+            raise RendezvousError(
+                f"MASTER_ADDR={addr} is a loopback address, but this job's {placement.size} ranks run on "
+                f"{placement.num_nodes} hosts{hosts}: the ranks on other hosts than rank 0's cannot reach it. "
+                f"Unset MASTER_ADDR (spmd then meets at {first}), or set it to the address of rank 0's host on "
+                "the network the hosts share")
+    except RendezvousError as exc:
+        raise everywhere(exc, placement.rank, said_by_rank_0(placement.rank)) from None
+
+
+def _loopback_as_given(addr):
+    """Whether addr is loopback as written (127.0.0.1, ::1, localhost), not a host's name that resolves there."""
+    if addr.lower() in _LOCALHOST:
+        return True
+    try:
+        return ipaddress.ip_address(addr.split("%")[0]).is_loopback
+    except ValueError:
+        return False
+
+
 def _interface(addr):
     """The address of addr to bind: its first that is not loopback, for ranks on other hosts (Debian
     maps a host's own name to 127.0.1.1), else its first."""
@@ -73,15 +117,24 @@ def bind_address(addr, placement, environ, card=None):
     try:
         ip = _interface(addr)
     except (OSError, UnicodeError) as exc:
-        raise cannot_serve(addr, None, exc) if isinstance(exc, OSError) else RendezvousError(str(exc)) from None
-    if placement.num_nodes == 1 or not ipaddress.ip_address(ip.split("%")[0]).is_loopback:
+        if not (isinstance(exc, socket.gaierror) and placement.num_nodes > 1 and _own_name(addr)):
+            raise cannot_serve(addr, None, exc) if isinstance(exc, OSError) else RendezvousError(str(exc)) from None
+        ip = None  # this host cannot resolve its own name: it needs none
+    if ip is not None and (placement.num_nodes == 1 or not ipaddress.ip_address(ip.split("%")[0]).is_loopback):
         return ip, None
     card = card or network.local_card()
     toward = (environ.get("SLURM_LAUNCH_NODE_IPADDR") or "").strip()
     source = network.route_source(toward) if toward else None
-    choice = network.choose_toward(card, toward or ip, source, environ)
-    return choice.address, (f"{addr} resolves to {ip} (loopback) on {card.name}, so rank 0 serves on "
+    choice = network.choose_toward(card, toward or ip or "", source, environ)
+    resolves = f"resolves to {ip} (loopback)" if ip else "does not resolve"
+    return choice.address, (f"{addr} {resolves} on {card.name}, so rank 0 serves on "
                             f"{choice.address} ({choice.interface}: {choice.why})")
+
+
+def _own_name(addr):
+    """Whether addr is this host's own name (short or full)."""
+    here = socket.gethostname()
+    return addr.lower() in (here.lower(), here.split(".")[0].lower())
 
 
 def _serve(addr, port, size, timeout, key, listen_fd=None, bind_ip=None):
@@ -115,13 +168,22 @@ def _join(addr, port, timeout, key_of, listening=False, where=""):
     deadline, pause = started + timeout, 0.01
     if listening:
         probe_store(addr, port, min(timeout, ANSWER_WITHIN), where)
+    last = None  # the last connection's error
     while True:
-        store = JobStore((addr, port), key_of(deadline), timeout)
+        try:
+            key = key_of(deadline)
+        except RendezvousError:
+            if last is None:
+                raise
+            # rank 0 ended (and took its secret file with it) while this rank was refused: say why it was
+            raise RendezvousError(unreached(addr, port, getattr(last, "errno", None), last, where,
+                                            time.monotonic() - started)) from None
+        store = JobStore((addr, port), key, timeout)
         try:
             store.check(["spmd/member"])
             return store
         except RendezvousError as exc:
-            code = getattr(exc, "errno", None)
+            last, code = exc, getattr(exc, "errno", None)
             certain = listening and code in CERTAIN and time.monotonic() - started > CERTAIN_WITHIN
             if certain or time.monotonic() > deadline:
                 raise RendezvousError(unreached(addr, port, code, exc, where, time.monotonic() - started)) from None
@@ -142,8 +204,9 @@ def _meet_at(placement, addr, port, timeout, environ, name, listen_fd=None):
         return _serve(addr, port, placement.size, timeout, key, listen_fd, bind_ip)[0], addr, port
     key_of = (lambda deadline: key) if key is not None else (lambda deadline: secrets.read(name, environ, deadline))
     target, why = addr, f"the rendezvous host {addr}"
-    if placement.num_nodes > 1 and _is_loopback(addr):  # addr is this host's own name, resolving to
-        target, how = bind_address(addr, placement, environ)  # loopback: rank 0 serves where we would
+    if placement.num_nodes > 1 and (_is_loopback(addr) or _own_name(addr) and not _resolves(addr)):
+        # addr is this host's own name, resolving to loopback or not at all: rank 0 serves where we would
+        target, how = bind_address(addr, placement, environ)
         why = how or why
     return _join(target, port, timeout, key_of, where=why), addr, port
 
@@ -158,6 +221,8 @@ def _publish_over_mpi(placement, mpi_comm, timeout, environ, addr=None, port=Non
     store, error, key, why = None, None, None, ""
     if placement.rank == 0:
         try:
+            if addr is not None:
+                check_address(addr)
             if addr is None and cards is not None:
                 choice = network.choose_server(cards[0], cards, environ)
                 addr, why = choice.address, f"{cards[0].name}'s {choice.interface}: {choice.why}"
@@ -211,6 +276,14 @@ def said_over_store(store, rank, seconds=10.0):
     return said
 
 
+def _resolves(addr):
+    try:
+        socket.getaddrinfo(addr, None)
+        return True
+    except (OSError, UnicodeError):
+        return False
+
+
 def _is_loopback(addr):
     try:
         return all(ipaddress.ip_address(ip.split("%")[0]).is_loopback for ip in
@@ -244,10 +317,11 @@ def rendezvous(placement, settings, mpi_comm=None, environ=None, cards=None):
     environ = os.environ if environ is None else environ
     timeout = settings.timeout
     addr, port = placement.master_addr, placement.master_port
-    if addr is not None:
-        check_address(addr)
+    agent_store = environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+    if addr is not None and mpi_comm is None:  # under MPI rank 0 checks it, and says it once
+        _check_given(placement, addr, agent_store)
     if addr is not None and port is not None:
-        if environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true":
+        if agent_store:
             return _torchrun_store(placement, addr, port, timeout, environ)
         if mpi_comm is not None:
             return _publish_over_mpi(placement, mpi_comm, timeout, environ, addr, port, cards)
@@ -255,7 +329,9 @@ def rendezvous(placement, settings, mpi_comm=None, environ=None, cards=None):
     if mpi_comm is not None:
         return _publish_over_mpi(placement, mpi_comm, timeout, environ, addr, cards=cards)
     if placement.launcher == "slurm" and placement.hosts:
-        addr = addr or check_address(placement.hosts[0], "the first host of the SLURM node list")
+        if addr is None and not _own_name(placement.hosts[0]):  # rank 0's host needs no name of its own
+            check_address(placement.hosts[0], "the first host of the SLURM node list")
+        addr = addr or placement.hosts[0]
         port = port or settings.port or slurm_port(placement.job_id, placement.step_id)
         name = f"slurm-{placement.job_id}.{placement.step_id or 0}"
         return _meet_at(placement, addr, port, timeout, environ, name)

@@ -238,41 +238,25 @@ def open_star(placement: Any, environ: Any, seconds: float, prefix: str = "spmd/
 def _over_hydra(pmi: Any, placement: Any, environ: Any, seconds: float, prefix: str) -> Star:
     """Every rank's card through Hydra's key-value space; rank 0 serves a store where every host reaches it
     (spmd.runtime.network.choose_server) and puts its address; every rank joins it."""
-    import base64
-    import zlib
-
     from spmd.runtime import network, secret
     from spmd.runtime.jobstore import JobStore, StoreServer, bind
 
-    def put_long(key: str, text: str) -> None:
-        data = base64.b64encode(zlib.compress(text.encode())).decode()
-        size = pmi.value_max
-        parts = [data[i:i + size] for i in range(0, len(data), size)] or [""]
-        for i, part in enumerate(parts):
-            pmi.put(f"{key}.{i}" if i else key, (str(len(parts)) + ":" + part) if not i else part)
-
-    def get_long(key: str) -> str:
-        first = pmi.get(key) or "1:"
-        count, data = first.split(":", 1)
-        data += "".join(pmi.get(f"{key}.{i}") or "" for i in range(1, int(count)))
-        return zlib.decompress(base64.b64decode(data)).decode()
-
     card = network.local_card()
-    put_long(f"spmd-card-{placement.rank}", network.to_text(card))
+    pmi.put_long(f"spmd-card-{placement.rank}", network.to_text(card))
     pmi.barrier(seconds)
     cards = None
     if placement.rank == 0:
         try:
-            cards = [card] + [network.from_text(get_long(f"spmd-card-{r}")) for r in range(1, placement.size)]
+            cards = [card] + [network.from_text(_said(pmi, f"spmd-card-{r}")) for r in range(1, placement.size)]
             choice = network.choose_server(card, cards, environ)
             key = secret.given(environ) or secret.new()
             server = StoreServer(bind(choice.address, 0, max(placement.size, 128)), key)
             said = [choice.address, server.address[1], key.decode(), None]
         except (RendezvousError, OSError) as exc:
             said = [None, None, None, str(exc)]
-        put_long("spmd-star", json.dumps(said))
+        pmi.put_long("spmd-star", json.dumps(said))
     pmi.barrier(seconds)
-    address, port, key_text, error = json.loads(get_long("spmd-star"))
+    address, port, key_text, error = json.loads(_said(pmi, "spmd-star"))
     if error:
         raise RendezvousError(f"rank 0 could not serve the job's star: {error}")
     # rank 0 listens already: a connection that takes longer than JOIN_WITHIN is a network's silence
@@ -282,3 +266,11 @@ def _over_hydra(pmi: Any, placement: Any, environ: Any, seconds: float, prefix: 
         store.server = server
         star.cards = cards
     return star
+
+
+def _said(pmi: Any, key: str) -> str:
+    """What a rank put under key before the last barrier; RendezvousError when none did."""
+    text = pmi.get_long(key)
+    if text is None:
+        raise RendezvousError(f"Hydra's key-value space holds no {key} after its barrier")
+    return text

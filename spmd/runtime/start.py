@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Callable, TypeVar
 
 from spmd.failfast import abort
 from spmd.runtime import backends, hints, mpiworld, network, output
-from spmd.runtime.pairs import check_pairs, preflight
+from spmd.runtime.pairs import before_mpi_init, check_pairs, preflight
 from spmd.runtime.star import StoreStar
 from spmd.runtime.rendezvous import everywhere, gloo_interface, said_over_store
 from spmd.failfast.abort import abort_job
@@ -101,9 +101,13 @@ def _start(settings, environ, guarded=True):
 
         device = "cuda:0" if settings.backend == "nccl" and backends.cuda_usable() else "cpu"
         return SerialComm(placement, device, seconds, _monitor(settings, False)), []
+    checked = False  # every rank started and every pair of hosts connects, known before MPI_Init
     if settings.preflight and placement.is_mpi:  # before MPI_Init, which waits for ever on a broken pair
         preflight(placement, environ, min(seconds, PREFLIGHT_WITHIN))
-    mpi_world = mpiworld.mpi_world(placement, seconds) if placement.is_mpi else None
+    elif settings.preflight is None and placement.is_mpi:  # the same, over Hydra's key-value space alone
+        mpiworld.interface_for_mpi(environ)  # a wrong SPMD_IFNAME first, named with this host's interfaces
+        checked = before_mpi_init(placement, environ, seconds)
+    mpi_world = mpiworld.mpi_world(placement, seconds, checked) if placement.is_mpi else None
     card, cards = network.local_card(), None
     if mpi_world is not None:  # where every rank really runs, before anything depends on it
         cards = mpi_world.allgather(card)

@@ -77,7 +77,8 @@ def unreached(addr, port, code, exc, where, waited):
                 "reach from another host. Set SPMD_IFNAME (or MASTER_ADDR) to rank 0's interface (or address) "
                 "on the network the hosts share, or fix rank 0's host name in /etc/hosts")
     if code == errno.ECONNREFUSED:
-        return (f"{here} reached {addr} but port {port} refused the connection (waited {waited:.1f} s): "
+        return (f"{here} reached {_with_address(addr)} but port {port} refused the connection "
+                f"(waited {waited:.1f} s): "
                 f"rank 0 serves the rendezvous at {addr}:{port}{chosen}. A firewall that rejects the port, or "
                 "another host holding that address; open the port range (or set SPMD_PORT/MASTER_PORT to an "
                 "open port), or set SPMD_IFNAME to the interface the hosts share")
@@ -87,6 +88,19 @@ def unreached(addr, port, code, exc, where, waited):
     return (f"could not join the rendezvous at {addr}:{port}{chosen} within {waited:.0f} s ({exc}); check that "
             f"rank 0 started and that {addr} is reachable from {here} (a firewall that drops packets, or a "
             "partition), or set SPMD_IFNAME")
+
+
+def _with_address(addr):
+    """addr, and the address it resolves to here when it is a name: 'h1 (198.18.0.11)'."""
+    try:
+        ipaddress.ip_address(addr.split("%")[0])
+        return addr
+    except ValueError:
+        pass
+    try:
+        return f"{addr} ({socket.getaddrinfo(addr, None, type=socket.SOCK_STREAM)[0][4][0]})"
+    except (OSError, UnicodeError):
+        return addr
 
 
 def who_failed(failed, cards, addr, port, size):

@@ -3,6 +3,8 @@
 import pytest
 
 from tests.cluster.lab import Lab, LabUnavailable
+from tests.cluster.slurm import LabSlurm
+from tests.submit.slurm_cluster import SlurmUnavailable
 from tests.support import missing
 
 
@@ -24,3 +26,15 @@ def lab(cluster_lab):
     cluster_lab.reset()
     yield cluster_lab
     cluster_lab.reset()
+
+
+@pytest.fixture
+def slurm(lab):
+    """SLURM on the lab's hosts, started after the lab's reset (which ends every process of a host)
+    and stopped before the next; a start takes about a second."""
+    try:
+        cluster = LabSlurm.start_on(lab)
+    except SlurmUnavailable as exc:
+        missing(f"no SLURM on the private cluster: {exc}")
+    yield cluster
+    cluster.stop()

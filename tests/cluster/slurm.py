@@ -13,10 +13,18 @@ address, so that job steps run on the hosts, with their names, networks and PIDs
 from __future__ import annotations
 
 import subprocess
+import tempfile
 
+from tests.cluster.runs import env
 from tests.submit.slurm_cluster import SlurmCluster, _conf, _which
 
-__all__ = ["LabSlurm"]
+__all__ = ["LabSlurm", "job_env"]
+
+
+def job_env(slurm, **extra):
+    """A job's environment (tests.cluster.runs.env) for slurm's commands, with a secret folder of its own:
+    job ids start at 1 in every test cluster, and a secret file of an earlier cluster's job 1 must not be read."""
+    return slurm.env(env(SPMD_SECRET_DIR=tempfile.mkdtemp(prefix="spmd-secrets-"), **extra))
 
 
 class LabSlurm(SlurmCluster):

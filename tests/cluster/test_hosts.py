@@ -9,7 +9,6 @@ import ipaddress
 import os
 import subprocess
 import re
-import time
 
 import pytest
 
@@ -33,12 +32,15 @@ def assert_on_the_shared_network(rows):
         assert row["interface"] == "eth0" and row["gloo"] == "eth0", row
 
 
-def test_a_cut_link_stops_mpi_between_hosts(lab, tmp_path):
-    """The lab is honest: MPI between two hosts goes over their network (no shared memory behind it)."""
+@pytest.mark.parametrize("backend", ["mpi", "gloo"])
+def test_a_cut_link_stops_traffic_between_hosts(lab, tmp_path, backend):
+    """The lab is honest: MPI and gloo between two hosts go over their network (no shared memory behind
+    it): an all-reduce waits while h2's link is cut, and completes once it is mended."""
     flag = tmp_path / "go"
     job = Watched(lab.popen("login", lab.mpiexec_args(
-        str(REPO / ".venv" / "bin" / "mpiexec"), ["-n", "2", "-ppn", "1", PY, REPO / "tests/worlds/cut_link.py", flag],
-        ["h1", "h2"]), env()))
+        str(REPO / ".venv" / "bin" / "mpiexec"),
+        ["-n", "2", "-ppn", "1", PY, REPO / "tests/worlds/cut_link.py", flag, backend], ["h1", "h2"]),
+        env(MASTER_ADDR=f"{SUBNET}.11", MASTER_PORT="29611", GLOO_SOCKET_IFNAME="eth0")))
     try:
         job.wait_for(r"READY \d", count=2, timeout=120)
         lab.cut("h2")
@@ -120,45 +122,6 @@ def test_a_host_that_cannot_resolve_its_own_name_still_runs(lab):
     assert_on_the_shared_network(hosts_rows(out.stdout))
 
 
-def _init_error(out):
-    """The one report of an error every rank met at init, and how many times it was said."""
-    return out.count("### spmd: init failed on every rank"), out
-
-
-def test_a_loopback_rendezvous_across_hosts_is_named_at_once_and_once(lab):
-    """MASTER_ADDR=127.0.0.1 with ranks on two hosts: an error naming the loopback address and the host
-    that cannot reach it, said once, in seconds rather than after SPMD_TIMEOUT (60 s here)."""
-    started = time.monotonic()
-    out = mpiexec(lab, ["-n", "4", "-ppn", "2", PY, HOSTS_PY], ["h1", "h2"], SPMD_BACKEND="gloo",
-                  MASTER_ADDR="127.0.0.1")
-    took = time.monotonic() - started
-    count, text = _init_error(out.stdout)
-    assert out.returncode != 0 and count == 1, text[-4000:]
-    assert "127.0.0.1" in text and "loopback" in text and "ranks 2, 3 on h2" in text
-    assert "Traceback" not in text
-    assert took < 45, f"took {took:.0f} s, as if it waited for the timeout"
-
-
-def test_a_refused_port_is_named_as_a_port(lab):
-    """A firewall on h1 rejects the rendezvous port from h2: the error says the port was refused."""
-    lab.reject("h1", "h2", 29601)
-    out = mpiexec(lab, ["-n", "2", "-ppn", "1", PY, HOSTS_PY], ["h1", "h2"], SPMD_BACKEND="gloo",
-                  MASTER_ADDR=f"{SUBNET}.11", MASTER_PORT="29601")
-    count, text = _init_error(out.stdout)
-    assert out.returncode != 0 and count == 1, text[-4000:]
-    assert "port 29601 refused" in text and "rank 1 on h2" not in text and "ranks 1 on h2" in text
-
-
-def test_a_wrong_interface_name_lists_the_host_interfaces(lab):
-    """SPMD_IFNAME=ib0 on hosts without it: an error before MPI_Init (where UCX would fail on it,
-    unexplained), naming the variable and the host's interfaces."""
-    out = mpiexec(lab, ["-n", "2", "-ppn", "1", PY, HOSTS_PY], ["h1", "h2"], SPMD_BACKEND="gloo",
-                  SPMD_IFNAME="ib0")
-    assert out.returncode != 0, out.stdout[-4000:]
-    assert "SPMD_IFNAME=ib0 names no interface of host h1" in out.stdout, out.stdout[-4000:]
-    assert "eth0 (198.18.0.11)" in out.stdout and "dock0" in out.stdout and "UCX" not in out.stdout
-
-
 def test_spmd_ifname_picks_the_interface(lab):
     """SPMD_IFNAME=eth0 on hosts with the right names: taken as given, and said so."""
     out = mpiexec(lab, ["-n", "2", "-ppn", "1", PY, HOSTS_PY], ["h1", "h2"], SPMD_BACKEND="gloo",
@@ -231,23 +194,3 @@ def test_a_repl_with_ranks_on_two_hosts(lab):
         pytest.fail(f"the REPL did not end: {proc.communicate()[0][-3000:]}")
     assert proc.returncode == 0, out[-3000:]
     assert "[0-1] ('h1', 0)" in out and "[2-3] ('h2', 1)" in out, out[-3000:]
-
-
-def test_a_partition_between_two_hosts_is_named_before_gloo_waits_it_out(lab):
-    """h2 and h3 drop each other's packets (both reach h1, where torchrun's store is): spmd's pair check
-    names both directions of that pair, once, well before SPMD_TIMEOUT (120 s), where gloo's
-    connectFullMesh would time out naming neither host."""
-    lab.drop("h2", "h3")
-    torchrun = str(REPO / ".venv" / "bin" / "torchrun")
-    started = time.monotonic()
-    agents = [lab.popen(host, [torchrun, "--nnodes", "3", "--nproc-per-node", "1", "--node-rank", str(i),
-                               "--master-addr", f"{SUBNET}.11", "--master-port", "29518", HOSTS_PY],
-                        env(SPMD_TIMEOUT="120"))
-              for i, host in enumerate(["h1", "h2", "h3"])]
-    out = "".join(a.communicate(timeout=240)[0] for a in agents)
-    took = time.monotonic() - started
-    assert all(a.returncode != 0 for a in agents), out[-4000:]
-    assert out.count("### spmd: init failed on every rank") == 1, out[-4000:]
-    assert re.search(r"h2 -> h3: 198\.18\.0\.13:\d+ \(eth0\): no answer within 5 s", out), out[-4000:]
-    assert re.search(r"h3 -> h2: 198\.18\.0\.12:\d+ \(eth0\)", out) and "h1 ->" not in out, out[-4000:]
-    assert took < 90, f"took {took:.0f} s"

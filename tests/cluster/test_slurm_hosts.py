@@ -5,37 +5,18 @@ srun and bin/submit start ranks on h1..h3, each host naming itself 127.0.1.1 and
 """
 
 import re
-import tempfile
 
 import pytest
 
-from tests.cluster.runs import HOSTS_PY, PY, env, hosts_rows
-from tests.cluster.slurm import LabSlurm
+from tests.cluster.runs import HOSTS_PY, PY, hosts_rows
+from tests.cluster.slurm import job_env
 from tests.cluster.test_hosts import assert_on_the_shared_network, loopback_names
-from tests.submit.slurm_cluster import SlurmUnavailable
 from tests.submit.slurm_cluster import _which as slurm_bin
-from tests.support import BIN, REPO, finish, missing
+from tests.support import BIN, REPO, finish
 
 pytestmark = pytest.mark.cluster
 
 SUBMIT = REPO / "bin" / "submit"
-
-
-@pytest.fixture
-def slurm(lab):
-    """SLURM on the lab's hosts, started after the lab's reset (which ends every process of a host)
-    and stopped before the next; a start takes about a second."""
-    try:
-        cluster = LabSlurm.start_on(lab)
-    except SlurmUnavailable as exc:
-        missing(f"no SLURM on the private cluster: {exc}")
-    yield cluster
-    cluster.stop()
-
-
-def job_env(slurm, **extra):
-    # Job ids start at 1 in every test cluster: a secret file of an earlier cluster's job 1 must not be read.
-    return slurm.env(env(SPMD_SECRET_DIR=tempfile.mkdtemp(prefix="spmd-secrets-"), **extra))
 
 
 @pytest.mark.parametrize("backend, mpi", [("gloo", "none"), ("mpi", "pmi2")])

@@ -54,3 +54,16 @@ def test_a_failure_is_raised_on_every_host(monkeypatch):
                         if a == "127.0.0.3" else real(a, p, s))
     out = run_hosts(3, ["127.0.0.1", "127.0.0.2", "127.0.0.3"])
     assert all(text and "h1 -> h3" in text and "h2 -> h3" in text and "h3 ->" not in text for text in out), out
+
+
+@pytest.mark.parametrize("environ", [
+    {"PMI_RANK": "0", "PMI_SIZE": "4", "MPI_LOCALRANKID": "0", "MPI_LOCALNRANKS": "4", "PMI_FD": "999"},  # one host
+    {"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_RANK": "0",
+     "OMPI_COMM_WORLD_LOCAL_SIZE": "2"},  # not Hydra
+])
+def test_the_check_before_mpi_init_runs_only_under_hydra_across_hosts(environ):
+    """On one host, or under another launcher, it costs nothing: no PMI connection is even opened (fd 999)."""
+    from spmd.config.placement import detect
+    from spmd.runtime.pairs import before_mpi_init
+
+    assert before_mpi_init(detect(environ), environ, 5) is False

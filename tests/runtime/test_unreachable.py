@@ -47,3 +47,40 @@ def test_probe_store_names_a_refusal_within_the_certain_bound(monkeypatch):
         port = server.getsockname()[1]
     with pytest.raises(RendezvousError, match=f"port {port} refused the connection"):
         probe_store("127.0.0.1", port, 5, "")
+
+
+SLURM_RANK_5 = {  # srun -N4 -n8, rank 5 (tests/config/test_placement.py's SLURM_STEP)
+    "SLURM_PROCID": "5", "SLURM_LOCALID": "1", "SLURM_NODEID": "2", "SLURM_NTASKS": "8", "SLURM_NNODES": "4",
+    "SLURM_TASKS_PER_NODE": "2(x4)", "SLURM_STEP_NODELIST": "node[01-04]", "SLURM_JOB_ID": "4242",
+    "SLURM_STEP_ID": "0", "SLURMD_NODENAME": "node03"}
+
+
+@pytest.mark.parametrize("given, words", [
+    ("127.0.0.1", ["MASTER_ADDR=127.0.0.1 is a loopback address", "8 ranks run on 4 hosts (node01, node02",
+                   "Unset MASTER_ADDR (spmd then meets at the first node, node01)"]),
+    ("localhost", ["MASTER_ADDR=localhost is a loopback address"]),
+    ("no-such-host.invalid", ["MASTER_ADDR='no-such-host.invalid' does not resolve"]),
+])
+def test_a_setting_every_rank_meets_alike_fails_at_once_and_rank_0_says_it(monkeypatch, given, words):
+    """Under plain srun, across hosts: a loopback or unresolvable MASTER_ADDR is an error at once, before any
+    wait, marked for rank 0 alone to say; the other ranks give rank 0 a moment first (said)."""
+    from spmd.config.placement import detect
+    from spmd.config.settings import Settings
+    from spmd.runtime import rendezvous
+
+    env = dict(SLURM_RANK_5, MASTER_ADDR=given)
+    naps = []
+    monkeypatch.setattr(rendezvous.time, "sleep", naps.append)
+    with pytest.raises(RendezvousError) as caught:
+        rendezvous.rendezvous(detect(env), Settings.parse(env, timeout=600), None, env)
+    assert all(w in str(caught.value) for w in words), str(caught.value)
+    rank, said = caught.value.everywhere
+    said()
+    assert rank == 5 and naps == [rendezvous.QUIET_GRACE]
+
+
+def test_a_host_name_that_resolves_elsewhere_is_not_loopback_as_given():
+    from spmd.runtime.rendezvous import _loopback_as_given
+
+    assert [_loopback_as_given(a) for a in ("127.0.0.1", "127.0.1.1", "::1", "LOCALHOST", "h1", "198.18.0.11")] == [
+        True, True, True, True, False, False]
