@@ -11,16 +11,14 @@ same address on every host), so every rank must also have chosen eth0, and know 
 from __future__ import annotations
 
 import re
-import tempfile
 
 import pytest
 
 from tests.cluster.lab import SUBNET
 from tests.cluster.runs import PY, env, hosts_rows, mpiexec
-from tests.cluster.slurm import LabSlurm
+from tests.cluster.slurm import job_env
 from tests.cluster.test_hosts import assert_on_the_shared_network, loopback_names
-from tests.submit.slurm_cluster import SlurmUnavailable
-from tests.support import REPO, finish, missing
+from tests.support import REPO, finish
 
 pytestmark = pytest.mark.cluster
 
@@ -75,22 +73,6 @@ def check(lab, out, backend, shape, launcher):
     assert {r["num_nodes"] for r in rows} == {len(hosts)}, rows
     assert {(r["backend"], r["launcher"]) for r in rows} == {(backend, launcher)}, rows
     assert_on_the_shared_network(rows)
-
-
-@pytest.fixture
-def slurm(lab):
-    """SLURM on the lab's hosts (slurmctld on login, a slurmd per host), for one test."""
-    try:
-        cluster = LabSlurm.start_on(lab)
-    except SlurmUnavailable as exc:
-        missing(f"no SLURM on the private cluster: {exc}")
-    yield cluster
-    cluster.stop()
-
-
-def job_env(slurm, **extra):
-    # Job ids start at 1 in every test cluster: a secret file of an earlier cluster's job 1 must not be read.
-    return slurm.env(env(SPMD_SECRET_DIR=tempfile.mkdtemp(prefix="spmd-secrets-"), **extra))
 
 
 @pytest.mark.parametrize("shape", SHAPES)

@@ -35,22 +35,6 @@ def test_srun_across_hosts(lab, slurm, backend, mpi):
     assert {r["launcher"] for r in rows} == {"slurm" if mpi == "none" else "mpich"}
 
 
-def test_bin_submit_across_hosts(lab, slurm, tmp_path):
-    """bin/submit -N 3 --ntasks-per-node 1 from the login host: the batch job's srun spreads the
-    guide's collectives over h1-h3 and they print the single-host values."""
-    loopback_names(lab)
-    cmd = [str(SUBMIT), "--wait", "--tail", "0", "-N", "3", "--ntasks-per-node", "1", "-t", "5",
-           str(REPO / "jobs" / "collectives.py")]
-    out = finish(lab.popen("login", cmd, job_env(slurm, SPMD_PYTHON=PY), cwd=tmp_path), 240,
-                 "bin/submit across the lab's hosts")
-    assert out.returncode == 0, out.stdout[-4000:]
-    log = re.search(r"^job \S+ \S+, exit code \S+; log (.*)$", out.stdout, re.M)
-    assert log, out.stdout
-    text = open(log[1]).read()
-    assert "Reduced result on rank 0: 6.0" in text, text[-3000:]  # 1 + 2 + 3
-    assert "Gathered results: [2.0, 4.0, 6.0]" in text, text[-3000:]
-
-
 def test_a_users_pytest_file_under_srun_across_hosts(lab, slurm, tmp_path):
     """The spmd pytest plugin in a world of 4 that srun spreads over h1 and h2 (plain srun, gloo)."""
     from tests.testing.runs import UNDER_A_WORLD_OF_4, cases, user_dir
