@@ -1,4 +1,4 @@
-"""Every launcher across the private cluster's hosts gives the single-host answer (issue 37, item 2).
+"""Every launcher across the private cluster's hosts gives the single-host answer.
 
 One world per launcher, backend and shape (2 hosts x 2 ranks, 3 hosts x 1) runs
 tests/worlds/across.py: the guide's collectives, the main job, DataParallel and a split by host.

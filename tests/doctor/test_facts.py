@@ -28,8 +28,11 @@ def test_the_mpi_library_answers_with_no_launcher_and_mpi_not_started():
 
 def test_a_library_that_does_not_load_is_said_with_why(monkeypatch):
     """mpi4py installed but its library missing: 'none (the error)', not a crash."""
+    import mpi4py
+
     import spmd.doctor.facts as facts
 
+    monkeypatch.delattr(mpi4py, "MPI", raising=False)  # an earlier test's import leaves it on the package
     monkeypatch.delitem(sys.modules, "mpi4py.MPI", raising=False)
     monkeypatch.setattr(facts, "_version", lambda name: "4.1.2")
     monkeypatch.setitem(sys.modules, "mpi4py.MPI", None)  # its import fails
