@@ -48,6 +48,7 @@ __all__ = [
     "BenchArgumentError",
     "MarkerError",
     "SessionError",
+    "RanksError",
     "Session",
     "load_ipython_extension",
 ]
@@ -72,6 +73,7 @@ from spmd.errors import (  # every error spmd raises: the tree under SpmdError
     PipelinePreempted,
     PipelineValueError,
     PlacementError,
+    RanksError,
     RendezvousError,
     SessionError,
     SettingsError,

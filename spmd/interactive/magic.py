@@ -17,7 +17,7 @@ from typing import Any
 
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 
-from spmd.errors import SessionError
+from spmd.errors import RanksError, SessionError
 from spmd.interactive.merge import label, render
 from spmd.interactive.repl import parse_ranks
 from spmd.interactive.session import Session
@@ -25,17 +25,6 @@ from spmd.interactive.session import Session
 __all__ = ["SpmdMagics", "RanksError", "load"]
 
 _COMMANDS = ("start", "stop", "restart", "pull", "push", "timeout", "status")
-
-
-class RanksError(Exception):
-    """Ranks raised in a %%spmd cell: shown as the cell's error, each distinct traceback once."""
-
-    def __init__(self, lines: list[str], summary: str) -> None:
-        super().__init__(summary)
-        self.lines = lines
-
-    def _render_traceback_(self) -> list[str]:  # IPython shows these lines instead of a local traceback
-        return self.lines
 
 
 def _start_parser() -> argparse.ArgumentParser:
