@@ -18,9 +18,10 @@ from typing import Any
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 
 from spmd.errors import RanksError, SessionError
-from spmd.interactive.merge import label, render
+from spmd.interactive.merge import render
 from spmd.interactive.repl import parse_ranks
 from spmd.interactive.session import Session
+from spmd.util.words import span
 
 __all__ = ["SpmdMagics", "RanksError", "load"]
 
@@ -170,7 +171,7 @@ def _show(reply: dict[str, Any]) -> None:
     if errors or notes:
         lines = render({"results": {r: {"error": e} for r, e in errors.items()}, "notes": notes}).rstrip("\n")
         kinds = sorted({res.get("kind") or "error" for res in results.values() if res.get("error")})
-        summary = (f"rank(s) {label(sorted(errors))} raised {', '.join(kinds)}" if errors else notes[0])
+        summary = (f"rank(s) {span(errors)} raised {', '.join(kinds)}" if errors else notes[0])
         if errors:
             raise RanksError(lines.split("\n"), summary)
         print(lines)
