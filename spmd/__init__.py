@@ -48,6 +48,7 @@ __all__ = [
     "BenchArgumentError",
     "MarkerError",
     "SessionError",
+    "RanksError",
     "Session",
     "load_ipython_extension",
 ]
@@ -72,6 +73,7 @@ from spmd.errors import (  # every error spmd raises: the tree under SpmdError
     PipelinePreempted,
     PipelineValueError,
     PlacementError,
+    RanksError,
     RendezvousError,
     SessionError,
     SettingsError,
@@ -85,8 +87,11 @@ from spmd.errors import (  # every error spmd raises: the tree under SpmdError
 from spmd.runtime.start import finalize, init, initialized
 from spmd.runtime.usage import run_command
 
-if TYPE_CHECKING:  # imported on first use at run time (__getattr__), so `import spmd` stays light
-    from spmd import data_parallel, pipeline, preempt, tasks
+#: The public modules loaded on first use as ``spmd.<name>`` (__getattr__), so `import spmd` stays light.
+_LAZY_MODULES = ("checkpoint", "data_parallel", "pipeline", "preempt", "repl", "tasks")
+
+if TYPE_CHECKING:  # the same, for type checkers
+    from spmd import checkpoint, data_parallel, pipeline, preempt, repl, tasks
     from spmd.comms.base import Comm
     from spmd.comms.handle import Handle
     from spmd.interactive.session import Session
@@ -111,7 +116,7 @@ def __getattr__(name: str) -> Any:
         from spmd.comms import base
 
         return getattr(base, name)
-    if name in ("preempt", "pipeline", "tasks", "data_parallel"):
+    if name in _LAZY_MODULES:
         import importlib
 
         return importlib.import_module(f".{name}", __name__)

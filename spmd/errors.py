@@ -36,6 +36,7 @@ __all__ = [
     "BenchArgumentError",
     "MarkerError",
     "SessionError",
+    "RanksError",
     "PEER_LOST",
     "is_peer_lost",
 ]
@@ -151,6 +152,17 @@ class MarkerError(SpmdError, ValueError):
 
 class SessionError(SpmdError):
     """An interactive session (``spmd repl``, the ``%spmd`` magic) could not do what was asked."""
+
+
+class RanksError(SpmdError):
+    """Ranks raised in a ``%%spmd`` cell (or ``%spmd`` failed): the cell's error, each distinct traceback once."""
+
+    def __init__(self, lines: list[str], summary: str) -> None:
+        super().__init__(summary)
+        self.lines = lines
+
+    def _render_traceback_(self) -> list[str]:  # IPython shows these lines instead of a local traceback
+        return self.lines
 
 
 #: Words of backend errors that mean a peer vanished or closed its connection.

@@ -1,7 +1,9 @@
-"""The house's bounds, checked on every run: small modules and classes, a short front door, no magic numbers for signals.
+"""The house's bounds, checked on every run: modules that stay readable, a short front door, named signals.
 
-Exceptions (a module whose size a table dominates) are listed, with the reason,
-in docs/architecture.md's "Over the bounds" table; this test reads it.
+A bound is a signal, not a goal: a module over it is a question (does it hold one job?),
+answered by splitting it by responsibility or by listing it, with the reason, in
+docs/architecture.md's "Over the bounds" table, which this test reads. Classes have no
+bound: a class is as long as its one job.
 """
 
 import ast
@@ -14,7 +16,7 @@ pytestmark = pytest.mark.unit
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "spmd"
-MODULE_LINES, CLASS_LINES, TOP_MODULES, README_LINES, DOCSTRING_LINES = 400, 300, 12, 200, 16
+MODULE_LINES, TOP_MODULES, README_LINES, DOCSTRING_LINES = 400, 12, 200, 16
 
 
 def exceptions():
@@ -43,13 +45,13 @@ def test_no_module_is_over_the_bound():
                      "reason in docs/architecture.md's 'Over the bounds'):\n" + "\n".join(big))
 
 
-def test_no_class_is_over_the_bound():
-    big = []
-    for p in sources():
-        for node in ast.walk(ast.parse(p.read_text(), str(p))):
-            if isinstance(node, ast.ClassDef) and (n := node.end_lineno - node.lineno + 1) > CLASS_LINES:
-                big.append(f"{p.relative_to(REPO)}: class {node.name} {n} lines")
-    assert not big, f"classes over {CLASS_LINES} lines (one job per class):\n" + "\n".join(big)
+def test_the_docs_state_the_bounds_this_test_checks_and_no_other():
+    section = (REPO / "docs" / "architecture.md").read_text().split("## Over the bounds", 1)[1].split("\n## ", 1)[0]
+    prose = "\n".join(line for line in section.splitlines() if not line.startswith("|"))  # not the table
+    stated = {int(n) for n in re.findall(r"\d+", prose)}
+    checked = {MODULE_LINES, TOP_MODULES, README_LINES, DOCSTRING_LINES}
+    assert stated == checked, (f"docs/architecture.md's 'Over the bounds' states {sorted(stated)}, "
+                               f"tests/test_bounds.py checks {sorted(checked)}")
 
 
 def test_few_modules_sit_directly_in_the_package():

@@ -75,3 +75,76 @@ def test_a_lost_peer_is_recognised_by_its_error_or_by_the_words_backends_use():
     assert is_peer_lost(PeerLostError("rank 0: broadcast (call #2) failed"))  # spmd's own, whatever its words
     for text in ("connection closed", "Timed out waiting 6000ms for recv", "peer 3 is slow", ""):
         assert not is_peer_lost(RuntimeError(text)), text
+
+
+#: "path relative to spmd/:Class" -> why it derives from BaseException but is no error (an exit, not a failure).
+NOT_ERRORS = {
+    "runtime/usage.py:UsageExit": "a SystemExit: the rank ends with a usage error's status, said once; "
+                                  "`except Exception` must not catch it",
+}
+
+#: Words that end the names of exception classes of other packages (click.ClickException, ...).
+_EXCEPTION_WORDS = ("Error", "Exception", "Exit", "Timeout", "Interrupt", "Warning")
+
+
+def exception_classes(paths):
+    """Return sorted (path, class name) of the classes under paths that may be exceptions, read with ast.
+
+    A class is one when a base's name ends in an exception word, names a builtin exception, or names
+    another class found so far (repeated until nothing new is found); the import then decides.
+    """
+    import builtins
+
+    known = {n for n, v in vars(builtins).items() if inspect.isclass(v) and issubclass(v, BaseException)}
+    classes = [(p, node.name, [b.attr if isinstance(b, ast.Attribute) else getattr(b, "id", "") for b in node.bases])
+               for p in paths for node in ast.parse(p.read_text(), str(p)).body if isinstance(node, ast.ClassDef)]
+    found = set()
+    while True:
+        new = {(p, name) for p, name, bases in classes
+               if any(b in known or b.endswith(_EXCEPTION_WORDS) for b in bases)} - found
+        if not new:
+            return sorted(found)
+        found |= new
+        known |= {name for _, name in new}
+
+
+def test_the_class_scan_finds_exceptions_through_their_bases(tmp_path):
+    sample = tmp_path / "sample.py"
+    sample.write_text("class A(ValueError): pass\nclass B(A): pass\nclass C(click.ClickException): pass\n"
+                      "class D(object): pass\nclass E(B, D): pass\nclass Plain: pass\n")
+    assert [name for _, name in exception_classes([sample])] == ["A", "B", "C", "E"]
+
+
+def test_every_exception_class_anywhere_in_spmd_is_an_spmd_error():
+    """Every exception class under spmd/, wherever it is defined, derives from SpmdError (one tree to catch).
+
+    Each module that defines one is imported; one whose optional dependency is missing here is
+    skipped, naming it (and fails in CI, where every extra is installed).
+    """
+    import importlib
+    import importlib.util
+
+    from tests.support import missing
+
+    outside, unchecked = [], []
+    for path, name in exception_classes(sorted(PACKAGE.rglob("*.py"))):
+        rel = path.relative_to(PACKAGE).with_suffix("")
+        module = ".".join(("spmd",) + rel.parts)
+        try:
+            cls = getattr(importlib.import_module(module), name)
+        except ModuleNotFoundError as exc:
+            top = (exc.name or "").partition(".")[0]
+            if top == "spmd" or importlib.util.find_spec(top) is not None:
+                raise
+            unchecked.append(f"{module}.{name} (needs {top})")
+            continue
+        key = f"{rel.as_posix()}.py:{name}"
+        if not (inspect.isclass(cls) and issubclass(cls, BaseException)):
+            continue
+        if key in NOT_ERRORS:
+            assert not issubclass(cls, Exception), f"{key} is an Exception: derive it from SpmdError instead"
+        elif not issubclass(cls, spmd.SpmdError):
+            outside.append(f"spmd/{key} ({', '.join(b.__name__ for b in cls.__bases__)})")
+    assert not outside, "exception classes outside the SpmdError tree:\n" + "\n".join(outside)
+    if unchecked:
+        missing("not imported, their dependency is missing: " + ", ".join(unchecked))

@@ -186,7 +186,7 @@ HUB = {f"spmd.failfast.hub.{m}" for m in ("base", "client", "judge", "peers", "p
     ("spmd.failfast.hub.server", {"spmd.failfast.abort", "spmd.failfast.report", *HUB}),
     ("spmd.failfast.hub.judge", {"spmd.failfast.report", "spmd.failfast.hub.protocol"}),  # no sockets, no threads
     ("spmd.failfast.mpi_timeout", {"spmd.failfast.abort", "spmd.failfast.calls"}),
-    ("spmd.failfast.report", {"spmd.failfast.calls", "spmd.util", "spmd.util.paths"}),
+    ("spmd.failfast.report", {"spmd.failfast.calls", "spmd.util", "spmd.util.paths", "spmd.util.words"}),
     ("spmd.runtime.proxy", {"spmd.runtime.start", "spmd.comms", "spmd.comms.base"}),
 ])
 def test_the_runtime_reads_in_one_direction(module, allowed):

@@ -7,7 +7,8 @@ TORCHELASTIC_RUN_ID), MPI (Open MPI, MVAPICH, MPICH/Hydra/Intel, PMIx), an srun
 step, RANK/WORLD_SIZE, else rank 0 of 1; a losing launcher that disagrees is noted
 in ``conflicts``.  Bad values raise PlacementError naming the variables and the
 fix.  Each launcher's variables and the precedence in full: docs/reference.md
-("Where a rank comes from").
+("Where a rank comes from").  The module is long because its one job is: a row and
+a reading for every launcher, and every check of what they say, in one place.
 """
 
 from __future__ import annotations

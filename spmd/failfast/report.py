@@ -21,6 +21,7 @@ import sysconfig
 import threading
 import traceback
 from spmd.util.paths import is_spmd_file
+from spmd.util.words import ranks_text
 
 __all__ = ["digest", "normalise", "where", "stacks_text", "SignalReport", "MAX_THREADS_TEXT"]
 
@@ -146,17 +147,13 @@ def where(rank, monitors=()):
 
 # -- the report made of every rank's summary ---------------------------------------------
 
-def _ranks(ranks):
-    return ", ".join(map(str, ranks))
-
-
 def _line(ranks, size, call, place, func):
     if len(ranks) == 1:
         who, verb = f"rank {ranks[0]}", ("waits" if call else "is")
     else:
         who, verb = f"{len(ranks)} of {size} ranks", ("wait" if call else "are")
     text = f"{who} {verb} in {call} at {place}" if call else f"{who} {verb} at {place} in {func}()"
-    return text + (f" (ranks {_ranks(ranks)})" if len(ranks) > 1 else "")
+    return text + (f" ({ranks_text(ranks)})" if len(ranks) > 1 else "")
 
 
 def stacks_text(summaries, size, asked="", waited=None):
@@ -170,7 +167,7 @@ def stacks_text(summaries, size, asked="", waited=None):
     lines = [_line(ranks, size, *key) for key, ranks in order]
     missing = [r for r in range(size) if r not in summaries]
     if missing:
-        lines.append(f"{'rank' if len(missing) == 1 else 'ranks'} {_ranks(missing)} did not answer"
+        lines.append(f"{ranks_text(missing)} did not answer"
                      + (f" within {waited:g} s" if waited else ""))
     head = f"### spmd: where the {size} ranks are" + (f" ({asked})" if asked else "") + ":\n"
     out = [head, "### spmd:   " + ";\n### spmd:   ".join(lines) + "\n"]
@@ -180,8 +177,7 @@ def stacks_text(summaries, size, asked="", waited=None):
     out.append("### spmd: the stacks of every thread, by rank (identical stacks shown once):\n")
     for text, ranks in sorted(stacks.items(), key=lambda kv: kv[1][0]):
         first = summaries[ranks[0]]
-        label = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {_ranks(ranks)}"
-        out.append(f"--- {label} (rank {ranks[0]}: {first.get('host', '?')}, pid {first.get('pid', '?')}) ---\n")
+        out.append(f"--- {ranks_text(ranks)} (rank {ranks[0]}: {first.get('host', '?')}, pid {first.get('pid', '?')}) ---\n")
         out.append(text if text.endswith("\n") or not text else text + "\n")
     out.append("### spmd: end of the stacks\n")
     return "".join(out)

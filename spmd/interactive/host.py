@@ -23,8 +23,9 @@ import sys
 import time
 from typing import Any
 
-from spmd.interactive.watch import Rank, Watch, ranks_text
+from spmd.interactive.watch import Rank, Watch
 from spmd.util import wire
+from spmd.util.words import ranks_text
 
 __all__ = ["Host", "main", "PRELOAD", "START_WITHIN"]
 
@@ -93,7 +94,7 @@ class Host:
         if failed:
             self.end()
             first = min(failed)
-            self.dead = f"the world did not start ({ranks_text(sorted(failed))} failed)"
+            self.dead = f"the world did not start ({ranks_text(failed, ranges=True)} failed)"
             return {"error": f"spmd: {self.dead}; rank {first}:\n{failed[first] or '(it exited)'}"}
         self.dead = None
         return {"started": self.size, "seconds": time.monotonic() - began}

@@ -24,8 +24,9 @@ from typing import Any
 from spmd.interactive.handshake import FRONT, FRONT_SECRET, admit, connect
 from spmd.interactive.handshake import WITHIN as CONNECT_WITHIN
 from spmd.interactive.host import Host
-from spmd.interactive.watch import Rank, ranks_text
+from spmd.interactive.watch import Rank
 from spmd.util import wire
+from spmd.util.words import ranks_text
 
 __all__ = ["LaunchedHost", "main"]
 
@@ -55,7 +56,8 @@ class LaunchedHost(Host):
         self.listener.close()
         missing = [r for r in range(self.size) if r not in found]
         if missing:
-            return {"error": f"spmd: {ranks_text(missing)} did not reach rank 0's host within {CONNECT_WITHIN:g} s"}
+            return {"error": f"spmd: {ranks_text(missing, ranges=True)} did not reach rank 0's host "
+                             f"within {CONNECT_WITHIN:g} s"}
         self.ranks = [Rank(r, None, found[r]) for r in range(self.size)]
         for r in self.ranks:
             hello = wire.recv(r.sock)

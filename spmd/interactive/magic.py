@@ -17,25 +17,15 @@ from typing import Any
 
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 
-from spmd.errors import SessionError
-from spmd.interactive.merge import label, render
+from spmd.errors import RanksError, SessionError
+from spmd.interactive.merge import render
 from spmd.interactive.repl import parse_ranks
 from spmd.interactive.session import Session
+from spmd.util.words import span
 
 __all__ = ["SpmdMagics", "RanksError", "load"]
 
 _COMMANDS = ("start", "stop", "restart", "pull", "push", "timeout", "status")
-
-
-class RanksError(Exception):
-    """Ranks raised in a %%spmd cell: shown as the cell's error, each distinct traceback once."""
-
-    def __init__(self, lines: list[str], summary: str) -> None:
-        super().__init__(summary)
-        self.lines = lines
-
-    def _render_traceback_(self) -> list[str]:  # IPython shows these lines instead of a local traceback
-        return self.lines
 
 
 def _start_parser() -> argparse.ArgumentParser:
@@ -181,7 +171,7 @@ def _show(reply: dict[str, Any]) -> None:
     if errors or notes:
         lines = render({"results": {r: {"error": e} for r, e in errors.items()}, "notes": notes}).rstrip("\n")
         kinds = sorted({res.get("kind") or "error" for res in results.values() if res.get("error")})
-        summary = (f"rank(s) {label(sorted(errors))} raised {', '.join(kinds)}" if errors else notes[0])
+        summary = (f"rank(s) {span(errors)} raised {', '.join(kinds)}" if errors else notes[0])
         if errors:
             raise RanksError(lines.split("\n"), summary)
         print(lines)

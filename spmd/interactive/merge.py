@@ -4,28 +4,16 @@ Output lines: where every rank that printed printed as many lines, line i
 of each is shown once per distinct text, ``[0-3] 10.0`` or ``[0] 0`` then
 ``[1] 2``, in rank order; otherwise each rank's whole output once per
 distinct text.  A value and a traceback are shown once per distinct text
-with the ranks that gave it.  Only the standard library.
+with the ranks that gave it (spmd.util.words writes them).  Only the standard library.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["label", "merged", "render", "where_report"]
+from spmd.util.words import ranks_text, span
 
-
-def label(ranks: list[int]) -> str:
-    """Ranks as the shortest text: '0-3', '0,2', '0-2,5'."""
-    ranks = sorted(ranks)
-    parts: list[str] = []
-    i = 0
-    while i < len(ranks):
-        j = i
-        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
-            j += 1
-        parts.append(str(ranks[i]) if j == i else f"{ranks[i]}-{ranks[j]}")
-        i = j + 1
-    return ",".join(parts)
+__all__ = ["merged", "render", "where_report"]
 
 
 def _groups(texts: dict[int, str]) -> list[tuple[list[int], str]]:
@@ -45,10 +33,10 @@ def merged(texts: dict[int, str]) -> list[str]:
     if len({len(lines) for lines in said.values()}) == 1:
         for i in range(len(next(iter(said.values())))):
             for ranks, line in _groups({r: lines[i] for r, lines in said.items()}):
-                out.append(f"[{label(ranks)}] {line}")
+                out.append(f"[{span(ranks)}] {line}")
         return out
     for ranks, text in _groups({r: "\n".join(lines) for r, lines in said.items()}):
-        out += [f"[{label(ranks)}] {line}" for line in text.split("\n")]
+        out += [f"[{span(ranks)}] {line}" for line in text.split("\n")]
     return out
 
 
@@ -60,7 +48,7 @@ def render(reply: dict[str, Any]) -> str:
     lines += merged({r: res["value"] for r, res in results.items() if res.get("value") is not None})
     errors = {r: res["error"] for r, res in results.items() if res.get("error")}
     for ranks, text in _groups(errors):
-        lines += [f"[{label(ranks)}] {line}" for line in text.rstrip("\n").split("\n")]
+        lines += [f"[{span(ranks)}] {line}" for line in text.rstrip("\n").split("\n")]
     lines += [note for note in reply.get("notes", []) if note]
     return "\n".join(lines) + ("\n" if lines else "")
 
@@ -74,7 +62,7 @@ def where_report(said: dict[int, dict[str, Any]], stuck: list[int], done: list[i
         places.setdefault(key, []).append(rank)
     lines = [f"spmd: {why}; where the ranks are:"]
     for key, ranks in sorted(places.items(), key=lambda kv: kv[1][0]):
-        who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {label(ranks)}"
+        who = ranks_text(ranks, ranges=True)
         if key == ("?",):
             lines.append(f"  {who}: did not answer (busy in C code, without the GIL released?)")
         elif key[0]:
@@ -82,10 +70,10 @@ def where_report(said: dict[int, dict[str, Any]], stuck: list[int], done: list[i
         else:
             lines.append(f"  {who}: at {key[1]} in {key[2]}()")
     if done:
-        lines.append(f"  {'rank' if len(done) == 1 else 'ranks'} {label(done)}: finished")
+        lines.append(f"  {ranks_text(done, ranges=True)}: finished")
     stacks = {r: w.get("stack", "") for r, w in said.items() if w.get("stack")}
     for ranks, stack in _groups(stacks):
-        who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {label(ranks)}"
+        who = ranks_text(ranks, ranges=True)
         lines.append(f"  where {who} stood (innermost last):")
         lines += ["  " + line for line in stack.rstrip("\n").split("\n")]
     return "\n".join(lines)

@@ -17,8 +17,9 @@ import sys
 from typing import Any
 
 from spmd.errors import SessionError
-from spmd.interactive.merge import label, render
+from spmd.interactive.merge import render
 from spmd.interactive.session import Session
+from spmd.util.words import span
 
 __all__ = ["Console", "parse_ranks", "HELP", "main"]
 
@@ -138,9 +139,9 @@ class Console(code.InteractiveConsole):
             self._run(statement, ranks)
             return
         self.ranks = ranks
-        where = "every rank" if ranks is None else f"rank(s) {label(ranks)}"
+        where = "every rank" if ranks is None else f"rank(s) {span(ranks)}"
         self.write(f"spmd: statements run on {where}\n")
-        self.ps1 = ">>> " if ranks is None else f"[{label(ranks)}] >>> "
+        self.ps1 = ">>> " if ranks is None else f"[{span(ranks)}] >>> "
         sys.ps1 = self.ps1
 
 

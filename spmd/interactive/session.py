@@ -23,8 +23,9 @@ import time
 from typing import Any
 
 from spmd.errors import SessionError
-from spmd.interactive.merge import label, render
+from spmd.interactive.merge import render
 from spmd.util import wire
+from spmd.util.words import span
 
 __all__ = ["Session"]
 
@@ -142,7 +143,7 @@ class Session:
             raise SessionError(reply["error"].removeprefix("spmd: "))
         if reply["errors"]:
             first = min(reply["errors"])
-            raise SessionError(f"cannot pull {name!r} from rank(s) {label(sorted(reply['errors']))}: "
+            raise SessionError(f"cannot pull {name!r} from rank(s) {span(reply['errors'])}: "
                                f"{reply['errors'][first]}")
         return [pickle.loads(reply["values"][r]) for r in sorted(reply["values"])]
 

@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import os
 import select
-import signal
 import socket
 import time
 from typing import Any
 
 from spmd.util import wire
+from spmd.util.words import exit_text, ranks_text
 
-__all__ = ["Rank", "Watch", "ranks_text", "ending", "GRACE", "ASK", "MARGIN"]
+__all__ = ["Rank", "Watch", "GRACE", "ASK", "MARGIN"]
 
 #: Seconds interrupted ranks get to stop before they count as stuck.
 GRACE = 2.0
@@ -51,26 +51,8 @@ class Rank:
         else:
             _, status = os.waitpid(self.pid, 0)
             self.status = os.waitstatus_to_exitcode(status)
-            self.ended = ending(self.status)
+            self.ended = exit_text(self.status)
         self.sock.close()
-
-
-def ranks_text(ranks: list[int]) -> str:
-    """'rank 2' or 'ranks 0-3' or 'ranks 0, 2'."""
-    from spmd.interactive.merge import label
-
-    return ("rank " if len(ranks) == 1 else "ranks ") + label(ranks)
-
-
-def ending(status: int) -> str:
-    """How a rank ended, in words."""
-    if status < 0:
-        try:
-            name = signal.Signals(-status).name
-        except ValueError:
-            name = f"signal {-status}"
-        return f"was killed by {name} (signal {-status})"
-    return f"exited with status {status}"
 
 
 class Watch:
@@ -193,7 +175,7 @@ class Watch:
             return self._ended()
         calls = sorted({w["call"] for w in said.values() if w.get("call")})
         inside = f" (inside {', '.join(calls)}: gloo and MPI cannot cancel a call in progress)" if calls else ""
-        who = ranks_text([r.rank for r in stuck])
+        who = ranks_text([r.rank for r in stuck], ranges=True)
         reply = self.host.restart(f"{who} did not stop within {GRACE:g} s of the interrupt{inside}")
         self.notes.append(reply.get("note") or reply.get("error", ""))
         return self._reply()
@@ -211,7 +193,7 @@ class Watch:
             return self._ended()
         broken = sorted(r for r, res in self.results.items() if res.get("kind") in BROKEN)
         if broken:
-            reply = self.host.restart(f"the communicator of {ranks_text(broken)} failed, so it cannot be "
+            reply = self.host.restart(f"the communicator of {ranks_text(broken, ranges=True)} failed, so it cannot be "
                                       "trusted any more")
             self.notes.append(reply.get("note") or reply.get("error", ""))
         return self._reply()

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from typing import Optional
 
 from spmd.errors import LaunchError
-from spmd.launch.supervise import _describe, _signame, _trap, launch
+from spmd.launch.supervise import _trap, launch
+from spmd.util.words import exit_text, signal_name
 
 __all__ = ["COUNT", "Attempt", "decide", "restarting", "giving_up", "launch_with_restarts"]
 
@@ -44,9 +45,9 @@ class Attempt:
     def cause(self) -> str:
         """Say why it failed: 'rank 1 killed by signal SIGKILL'."""
         if self.stopped is not None:
-            return f"{_signame(self.stopped)} received"
+            return f"{signal_name(self.stopped)} received"
         if self.rank is not None and self.returncode is not None:
-            return f"rank {self.rank} {_describe(self.returncode)}"
+            return f"rank {self.rank} {exit_text(self.returncode)}"
         return f"exit status {self.code}"
 
 
@@ -106,7 +107,7 @@ def launch_with_restarts(argv, nprocs, *, max_restarts=0, restart_ranks=None, en
                               outcome.get("stopped"))
             verdict = decide(attempt, max_restarts)
             if verdict == "restart" and stop:
-                say(f"spmd run: {_signame(stop[0])} received, stopping\n")
+                say(f"spmd run: {signal_name(stop[0])} received, stopping\n")
                 return 128 + stop[0]
             if verdict != "restart":
                 if verdict == "give up" and max_restarts:

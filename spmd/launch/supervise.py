@@ -25,6 +25,7 @@ from spmd.launch.forkserver.client import ForkServer
 from spmd.launch.forkserver.kept import attach
 from spmd.launch.forkserver.process import death_signal
 from spmd.failfast.hub import PEER_EXIT
+from spmd.util.words import exit_text, signal_name
 
 __all__ = ["launch", "child_env", "STRIPPED"]
 
@@ -169,10 +170,10 @@ def launch(argv, nprocs, *, backend=None, prefix=None, timeout=None,
                 outcome.update(rank=rank, returncode=code)
             for t in pumps[2 * rank:2 * rank + 2]:  # its last words first
                 t.join(timeout=1.0)
-            out.say(f"spmd run: rank {rank} {_describe(code)}\n")
+            out.say(f"spmd run: rank {rank} {exit_text(code)}\n")
             return code if code > 0 else 128 - code
         if stop:
-            out.say(f"spmd run: {_signame(stop[0])} received, stopping\n")
+            out.say(f"spmd run: {signal_name(stop[0])} received, stopping\n")
             return 128 + stop[0]
         return 0
     finally:
@@ -309,21 +310,6 @@ def _trap(handler):
 def _death_signal():
     """Return a preexec_fn that kills the child when the launcher dies."""
     return death_signal(os.getpid())
-
-
-def _describe(code):
-    """Say how a child with ``returncode`` ended."""
-    if code < 0:
-        return f"killed by signal {_signame(-code)}"
-    return f"exited with code {code}"
-
-
-def _signame(signum):
-    """Name signal ``signum``, e.g. SIGKILL."""
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"
 
 
 class _Output:

@@ -11,18 +11,11 @@ The format and an example: docs/slurm.md ("Profiles").
 from __future__ import annotations
 
 import os
+import tomllib
 from pathlib import Path
 from typing import Mapping
 
 from spmd.submit.options import SubmitError, check
-
-try:  # Python 3.11+
-    import tomllib as _toml
-except ModuleNotFoundError:  # pragma: no cover - older Pythons
-    try:
-        import tomli as _toml
-    except ModuleNotFoundError:
-        _toml = None
 
 __all__ = ["PROJECT_FILE", "user_file", "project_file", "config_files", "load", "merge"]
 
@@ -55,12 +48,9 @@ def config_files(start=None, environ=None) -> list[Path]:
 
 
 def _read(path: Path) -> dict:
-    if _toml is None:
-        raise SubmitError(f"reading {path} needs Python 3.11 or the tomli package "
-                          "(pip install tomli)")
     try:
         with open(path, "rb") as f:
-            data = _toml.load(f)
+            data = tomllib.load(f)
     except (OSError, ValueError) as exc:  # TOMLDecodeError is a ValueError
         raise SubmitError(f"cannot read {path}: {exc}") from None
     unknown = sorted(set(data) - {"profile"})

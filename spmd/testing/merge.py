@@ -19,14 +19,9 @@ from _pytest._io import TerminalWriter
 from _pytest.reports import TestReport
 
 from spmd.failfast.report import normalise
+from spmd.util.words import ranks_text
 
-__all__ = ["Merged", "merge", "labels", "synthetic"]
-
-
-def labels(ranks: list[int]) -> str:
-    """'rank 2' or 'ranks 1, 3'."""
-    ranks = sorted(ranks)
-    return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
+__all__ = ["Merged", "merge", "synthetic"]
 
 
 class Merged:
@@ -50,8 +45,8 @@ class Merged:
             ranks, longrepr = self.groups[0]
             crash = getattr(longrepr, "reprcrash", None)
             if crash is not None:
-                return ReprFileLocation(crash.path, crash.lineno, f"[{labels(ranks)}] {crash.message}")
-            return ReprFileLocation(where[0], where[1], f"[{labels(ranks)}] {str(longrepr).splitlines()[-1:]}")
+                return ReprFileLocation(crash.path, crash.lineno, f"[{ranks_text(ranks)}] {crash.message}")
+            return ReprFileLocation(where[0], where[1], f"[{ranks_text(ranks)}] {str(longrepr).splitlines()[-1:]}")
         rank, text = sorted(self.endings.items())[0]
         return ReprFileLocation(where[0], where[1], f"rank {rank} {text.splitlines()[0]}")
 
@@ -59,7 +54,7 @@ class Merged:
         for rank, text in self._deaths():
             tw.line(f"rank {rank} of {self.size} {text}", red=True, bold=True)
         for ranks, longrepr in self.groups:
-            tw.sep("-", f"{labels(ranks)} of {self.size}", red=True, bold=True)
+            tw.sep("-", f"{ranks_text(ranks)} of {self.size}", red=True, bold=True)
             if hasattr(longrepr, "toterminal"):
                 longrepr.toterminal(tw)
             else:
@@ -70,7 +65,7 @@ class Merged:
             if text.startswith("was stopped"):
                 tw.line(f"rank {rank} {text}", red=True)
         if self.passed:
-            tw.line(f"{labels(self.passed)} passed")
+            tw.line(f"{ranks_text(self.passed)} passed")
         if self.stacks:
             tw.line(self.stacks.rstrip("\n"))
 
@@ -88,7 +83,7 @@ def _sections(per_rank: dict[int, Any]) -> list[tuple[str, str]]:
     for rank in sorted(per_rank):
         for title, content in per_rank[rank].sections:
             seen.setdefault((title, content), []).append(rank)
-    return [(f"{title} ({labels(ranks)})", content) for (title, content), ranks in seen.items()]
+    return [(f"{title} ({ranks_text(ranks)})", content) for (title, content), ranks in seen.items()]
 
 
 def synthetic(item: Any, when: str, outcome: str, longrepr: Any = None) -> TestReport:

@@ -31,6 +31,7 @@ from spmd.launch.forkserver.process import die_with, flush_std
 from spmd.runtime import secret as job_secret
 from spmd.testing import rank as rank_
 from spmd.util import wire
+from spmd.util.words import exit_text, ranks_text
 
 __all__ = ["World", "GRACE", "MARGIN", "ASK"]
 
@@ -209,7 +210,7 @@ class _Watch:
                 continue
             if running and self.first_failure is not None and now >= self.first_failure + GRACE:
                 failed = [r.rank for r in self.ranks if r.failed() or (r.gone and not r.finished)]
-                who = _who(failed)
+                who = ranks_text(failed) if failed else "a rank"
                 self.why = f"{who} failed and it had not finished {GRACE:g} s later"
                 self._stop(running, self.why)
                 continue
@@ -227,15 +228,8 @@ def _stacks(stopped: list[_Rank]) -> str | None:
         return None
     parts = []
     for stack, ranks in seen.items():
-        who = f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
-        parts.append(f"where {who} stood when stopped (innermost last):\n{stack.rstrip()}")
+        parts.append(f"where {ranks_text(ranks)} stood when stopped (innermost last):\n{stack.rstrip()}")
     return "\n".join(parts)
-
-
-def _who(ranks: list[int]) -> str:
-    if not ranks:
-        return "a rank"
-    return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
 
 
 def _ending(r: _Rank) -> str | None:
@@ -250,14 +244,9 @@ def _ending(r: _Rank) -> str | None:
             place = f", waiting in {call} at " if call else ", at "
             place += f"{r.where.get('where', '?')}" + ("" if call else f" in {r.where.get('func', '?')}()")
         return f"was stopped {during}{place}: {r.stopped}"
-    code = r.status
-    if code is not None and code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = f"signal {-code}"
-        return f"died {during}: killed by {name} (signal {-code})"
-    return f"exited {during} with status {code}"
+    if r.status is None:
+        return f"ended {during} without an exit status"
+    return f"{exit_text(r.status)} {during}"
 
 
 def _crash_text(base: Path, rank: int) -> str:

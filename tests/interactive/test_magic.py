@@ -74,7 +74,7 @@ def test_the_notebooks_interrupt_reaches_every_rank(kernel):
 def test_a_dead_rank_is_reported_restart_brings_the_world_back_and_stop_ends_it(kernel):
     status, out = kernel.cell("%%spmd\nimport os\nif comm.rank == 1:\n    os._exit(3)\ncomm.barrier()")
     text = "".join(c for kind, c in out if kind in ("stream", "error"))
-    assert status == "error" and "the world has ended: rank 1 exited with status 3" in text
+    assert status == "error" and "the world has ended: rank 1 exited with code 3" in text
     status, text = kernel.text("%spmd restart")
     assert status == "ok" and "spmd: 4 fresh ranks in" in text
     assert kernel.text("%spmd comm.all_reduce(__import__('numpy').ones(1))") == ("ok", "[0-3] array([4.])\n")

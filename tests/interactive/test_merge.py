@@ -5,21 +5,19 @@ import random
 import pytest
 
 from spmd.errors import SessionError
-from spmd.interactive.merge import label, merged, render, where_report
+from spmd.interactive.merge import merged, render, where_report
 from spmd.interactive.repl import parse_ranks
+from spmd.util.words import span
 
 pytestmark = pytest.mark.unit
 
 
-def test_label_is_the_shortest_text_of_the_ranks_and_parse_ranks_reads_it_back():
-    assert label([3, 0, 1, 2]) == "0-3"
-    assert label([0, 2]) == "0,2"
-    assert label([5, 0, 1, 2]) == "0-2,5"
+def test_parse_ranks_reads_back_the_span_every_label_is_written_with():
     rng = random.Random(3)
     for _ in range(300):
         size = rng.randint(1, 40)
         ranks = sorted(rng.sample(range(size), rng.randint(1, size)))
-        assert parse_ranks(label(ranks), size) == ranks
+        assert parse_ranks(span(ranks), size) == ranks
     assert parse_ranks("all", 4) is None
 
 

@@ -308,14 +308,12 @@ def test_a_partial_last_line_is_completed(tmp_path):
 
 
 @pytest.mark.unit
-def test_exits_are_described_and_lines_tagged_whole():
-    """In-process, the pure parts of the failing-rank and output tests above."""
+def test_lines_are_tagged_whole():
+    """In-process, the pure part of the output tests above (exits in words: tests/util/test_words.py)."""
     import io
 
-    from spmd.launch.supervise import _describe, _Output
+    from spmd.launch.supervise import _Output
 
-    assert _describe(3) == "exited with code 3"
-    assert _describe(-signal.SIGKILL) == "killed by signal SIGKILL"
     out, err = io.StringIO(), io.StringIO()
     r, w = os.pipe()
     os.write(w, b"one\ntwo")  # the last line without its newline

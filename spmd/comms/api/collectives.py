@@ -22,7 +22,11 @@ __all__ = ["Collectives"]
 
 
 class Collectives:
-    """broadcast, reduce, all_reduce, scatter, gather, all_gather, barrier, and more."""
+    """broadcast, reduce, all_reduce, scatter, gather, all_gather, barrier, and more.
+
+    Long because its one job is: each collective has its typed forms (blocking and async), its
+    checks and its call, seven times over.
+    """
 
     @overload
     def broadcast(self, x: ArrayT, root: int = 0, async_op: Literal[False] = False) -> ArrayT: ...
