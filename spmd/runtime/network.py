@@ -28,7 +28,7 @@ from spmd.errors import RendezvousError
 
 __all__ = ["Address", "HostCard", "Choice", "local_card", "interfaces", "route_source", "hosts_of",
            "choose_server", "choose_toward", "user_interface", "loopback_name_note", "host_of_address",
-           "exchange_over_store", "to_text", "from_text", "resolved", "daemon_links",
+           "exchange_over_store", "to_text", "from_text", "resolved", "daemon_links", "socket_inodes",
            "daemon_interface"]
 
 _SIOCGIFADDR, _SIOCGIFNETMASK = 0x8915, 0x891B
@@ -163,8 +163,8 @@ def route_source(dest: str) -> str | None:
             return None
 
 
-def _tcp_links(pid: int) -> list[str]:
-    """The local addresses of pid's established TCP connections (IPv4), from /proc."""
+def socket_inodes(pid: int | str = "self") -> set[str]:
+    """The inodes of the sockets pid holds open (its /proc fd links); empty where they cannot be read."""
     mine = set()
     try:
         for fd in os.listdir(f"/proc/{pid}/fd"):
@@ -175,6 +175,14 @@ def _tcp_links(pid: int) -> list[str]:
             if target.startswith("socket:["):
                 mine.add(target[8:-1])
     except OSError:
+        pass
+    return mine
+
+
+def _tcp_links(pid: int) -> list[str]:
+    """The local addresses of pid's established TCP connections (IPv4), from /proc."""
+    mine = socket_inodes(pid)
+    if not mine:
         return []
     found = []
     for line in _read("/proc/net/tcp").splitlines()[1:]:

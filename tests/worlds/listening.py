@@ -3,22 +3,12 @@
 import os
 import socket
 
-
-def _inodes(pid):
-    found = set()
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            target = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            found.add(target[8:-1])
-    return found
+from spmd.runtime.network import socket_inodes
 
 
 def listening(pid="self"):
     """{inode: [host, port]} of the TCP sockets pid holds that listen."""
-    mine, out = _inodes(pid), {}
+    mine, out = socket_inodes(pid), {}
     for name, family in (("tcp", socket.AF_INET), ("tcp6", socket.AF_INET6)):
         with open(f"/proc/{pid}/net/{name}") as table:
             next(table)
