@@ -74,7 +74,7 @@ def _check_given(placement, addr, agent_store):
     is a RendezvousError at once, said by rank 0 alone (everywhere)."""
     try:
         check_address(addr)
-        if placement.num_nodes > 1 and not agent_store and _loopback_as_given(addr):
+        if placement.num_nodes > 1 and not agent_store and _loopback_as_given(addr) and not _one_machine(placement):
             hosts = f" ({', '.join(placement.hosts)})" if placement.hosts else ""
             first = f"the first node, {placement.hosts[0]}" if placement.launcher == "slurm" and placement.hosts \
                 else "an address every host reaches"
@@ -85,6 +85,13 @@ def _check_given(placement, addr, agent_store):
                 "the network the hosts share")
     except RendezvousError as exc:
         raise everywhere(exc, placement.rank, said_by_rank_0(placement.rank)) from None
+
+
+def _one_machine(placement):
+    """Whether the launcher's nodes are all this machine: every one named by a loopback address as written
+    (127.0.0.2, 127.0.0.3, ...: several slurmd on one host, SLURM's multiple-slurmd way), where a loopback
+    rendezvous address reaches every rank."""
+    return bool(placement.hosts) and all(_loopback_as_given(h) for h in placement.hosts)
 
 
 def _loopback_as_given(addr):

@@ -79,6 +79,30 @@ def test_a_setting_every_rank_meets_alike_fails_at_once_and_rank_0_says_it(monke
     assert rank == 5 and naps == [rendezvous.QUIET_GRACE]
 
 
+def test_nodes_named_by_loopback_addresses_are_one_machine_where_a_loopback_rendezvous_is_no_error(monkeypatch):
+    """SLURM nodes 127.0.0.2-5 (several slurmd on one machine, as bin/submit's batch file then sets
+    MASTER_ADDR=127.0.0.2): every rank reaches a loopback address, so it is no error; the rendezvous goes
+    on to wait for rank 0's store (stopped here where it would connect)."""
+    from spmd.config.placement import detect
+    from spmd.config.settings import Settings
+    from spmd.runtime import rendezvous
+
+    env = dict(SLURM_RANK_5, SLURM_STEP_NODELIST="127.0.0.[2-5]", SLURMD_NODENAME="127.0.0.4",
+               MASTER_ADDR="127.0.0.2")
+    placement = detect(env)
+    assert placement.num_nodes > 1 and placement.hosts[0] == "127.0.0.2", placement
+
+    class Joined(Exception):
+        pass
+
+    def joined(*args, **kwargs):
+        raise Joined
+
+    monkeypatch.setattr(rendezvous, "_meet_at", joined)
+    with pytest.raises(Joined):
+        rendezvous.rendezvous(placement, Settings.parse(env, timeout=600), None, env)
+
+
 def test_a_host_name_that_resolves_elsewhere_is_not_loopback_as_given():
     from spmd.runtime.rendezvous import _loopback_as_given
 
