@@ -92,7 +92,7 @@ _LAZY_MODULES = ("checkpoint", "data_parallel", "pipeline", "preempt", "repl", "
 
 if TYPE_CHECKING:  # the same, for type checkers
     from spmd import checkpoint, data_parallel, pipeline, preempt, repl, tasks
-    from spmd.comms.base import Comm
+    from spmd.comms.comm import Comm
     from spmd.comms.handle import Handle
     from spmd.interactive.session import Session
 
@@ -113,9 +113,9 @@ def __getattr__(name: str) -> Any:
 
         return Session
     if name in ("Comm", "Handle"):
-        from spmd.comms import base
+        from spmd.comms import comm as front
 
-        return getattr(base, name)
+        return getattr(front, name)
     if name in _LAZY_MODULES:
         import importlib
 

@@ -192,21 +192,28 @@ def open_comm(backend, monitor):
     from spmd.config.placement import Placement
 
     placement = Placement(rank=0, size=1, local_rank=0, local_size=1, node_rank=0, num_nodes=1, launcher="none")
-    if backend == "serial":
-        from spmd.comms.backends.serial import SerialComm
+    from spmd.comms.comm import Comm
 
-        return SerialComm(placement, monitor=monitor)
+    return Comm(open_backend(backend), placement, monitor)
+
+
+def open_backend(backend):
+    """Open an in-process backend object (a world of one); gloo and torch need gloo_group."""
+    if backend == "serial":
+        from spmd.comms.backends.serial import SerialBackend
+
+        return SerialBackend()
     if backend == "mpi":
         from mpi4py import MPI
 
-        from spmd.comms.backends.mpi.comm import MpiComm
+        from spmd.comms.backends.mpi.backend import MpiBackend
 
-        return MpiComm(MPI.COMM_SELF, placement, 60.0, monitor)
-    from spmd.comms.backends.torchdist.gloo import GlooComm
-    from spmd.comms.backends.torchdist.base import TorchComm
+        return MpiBackend(MPI.COMM_SELF, 60.0)
+    from spmd.comms.backends.torchdist.backend import TorchBackend
+    from spmd.comms.backends.torchdist.gloo import GlooBackend
 
-    cls = GlooComm if backend == "gloo" else TorchComm
-    return cls("gloo", placement, timeout=60.0, monitor=monitor)
+    cls = GlooBackend if backend == "gloo" else TorchBackend
+    return cls("gloo", timeout=60.0)
 
 
 # -- a world of threads: ranks that are threads of this process ------------------------------

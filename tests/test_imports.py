@@ -187,7 +187,7 @@ HUB = {f"spmd.failfast.hub.{m}" for m in ("base", "client", "judge", "peers", "p
     ("spmd.failfast.hub.judge", {"spmd.failfast.report", "spmd.failfast.hub.protocol"}),  # no sockets, no threads
     ("spmd.failfast.mpi_timeout", {"spmd.failfast.abort", "spmd.failfast.calls"}),
     ("spmd.failfast.report", {"spmd.failfast.calls", "spmd.util", "spmd.util.paths", "spmd.util.words"}),
-    ("spmd.runtime.proxy", {"spmd.runtime.start", "spmd.comms", "spmd.comms.base"}),
+    ("spmd.runtime.proxy", {"spmd.runtime.start", "spmd.comms", "spmd.comms.comm"}),
 ])
 def test_the_runtime_reads_in_one_direction(module, allowed):
     """settings and abort know nothing of the runtime; the guards and the global comm only what they use."""

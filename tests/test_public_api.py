@@ -33,7 +33,7 @@ def test_each_public_path_imports(module):
 
 
 def test_the_public_names_are_the_real_objects():
-    from spmd.comms.base import Comm
+    from spmd.comms.comm import Comm
     from spmd.comms.handle import Handle
     from spmd.pipeline.run import pipeline
     from spmd.train.data_parallel import DataParallel

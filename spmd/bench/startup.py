@@ -35,7 +35,7 @@ _STAMP = ("open(__import__('os').path.join(__import__('os').environ['SPMD_BENCH_
 _FIRST = """
 PRELUDE
 import os, runpy, sys, time
-import spmd.comms.base as _b
+import spmd.comms.comm as _b
 _depth, _done = [0], [False]
 def _wrap(name):
     f = getattr(_b.Comm, name)

@@ -98,18 +98,20 @@ def open_alone(backends=("mpi", "gloo"), threads=None):
     if "mpi" in backends:
         from mpi4py import MPI
 
-        from spmd.comms.backends.mpi.comm import MpiComm
+        from spmd.comms.backends.mpi.backend import MpiBackend
+        from spmd.comms.comm import Comm
 
         mpi = MPI.COMM_SELF
-        spmd_mpi = MpiComm(mpi, placement)
+        spmd_mpi = Comm(MpiBackend(mpi), placement)
     threads = _threads(placement, threads)
     if "gloo" in backends:
         import torch.distributed as dist
 
-        from spmd.comms.backends.torchdist.gloo import GlooComm
+        from spmd.comms.backends.torchdist.gloo import GlooBackend
+        from spmd.comms.comm import Comm
 
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-        spmd_gloo = GlooComm("gloo", placement)
+        spmd_gloo = Comm(GlooBackend("gloo"), placement)
     return World(placement, mpi, spmd_mpi, spmd_gloo, threads)
 
 
@@ -135,11 +137,12 @@ def open_world(backends=("mpi", "gloo"), threads=None):
             )
         from mpi4py import MPI
 
-        from spmd.comms.backends.mpi.comm import MpiComm
+        from spmd.comms.backends.mpi.backend import MpiBackend
+        from spmd.comms.comm import Comm
 
         mpi = MPI.COMM_WORLD
         check_mpi_world(placement, mpi.Get_rank(), mpi.Get_size(), MPI.Get_library_version())
-        spmd_mpi = MpiComm(mpi, placement)
+        spmd_mpi = Comm(MpiBackend(mpi), placement)
     threads = _threads(placement, threads)
     if "gloo" in backends:
         import spmd

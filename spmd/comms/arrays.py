@@ -18,6 +18,7 @@ __all__ = [
     "dtype_name",
     "is_floating",
     "split_sizes",
+    "split_rows",
     "contiguous",
 ]
 
@@ -81,6 +82,15 @@ def split_sizes(n, parts):
     """Return the lengths numpy.array_split gives when splitting n items into parts."""
     base, extra = divmod(n, parts)
     return [base + 1 if i < extra else base for i in range(parts)]
+
+
+def split_rows(x, lengths):
+    """Cut x along dim 0 into views of the given lengths, in order."""
+    out, start = [], 0
+    for n in lengths:
+        out.append(x[start : start + n])
+        start += n
+    return out
 
 
 def contiguous(x):

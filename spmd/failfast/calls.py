@@ -248,15 +248,20 @@ class Monitor:
         """Describe the last collectives this rank called, oldest first."""
         return "; ".join(_describe(call) for call in self.ring) or "none"
 
-    def run(self, comm, record, hook, args, x, async_op, collective=True):
-        """Run a call with debug checks (collectives only), NVTX ranges and tracing as enabled."""
+    def run(self, record, hook, args, x, async_op, collective, all_gather_object):
+        """Run a call with debug checks (collectives only), NVTX ranges and tracing as enabled.
+
+        all_gather_object(obj) gives every rank's obj: the interface the
+        communicator declares for debug mode's cross-rank check (its backend's
+        hook, below the call path, so the check is not itself a call).
+        """
         call = named(record)
         if self.debug:
             dtype = None if call.dtype is None else str(call.dtype).replace("torch.", "")
             call = call._replace(dtype=dtype, shape=tuple(call.shape), where=caller())
             self.ring[-1] = call
             if collective:  # point to point is checked by its receiver (spmd.comms.p2p.methods)
-                error = fingerprint_mismatch(comm._all_gather_object(call))
+                error = fingerprint_mismatch(all_gather_object(call))
                 if error:
                     raise CollectiveError(error)
         if self.nvtx:
@@ -270,10 +275,10 @@ class Monitor:
             if self.nvtx:
                 torch.cuda.nvtx.range_pop()
         if self.events is not None:
-            self._record(comm, call, x, wall, start, result, async_op)
+            self._record(call, x, wall, start, result, async_op)
         return result
 
-    def _record(self, comm, call, x, wall, start, result, async_op):
+    def _record(self, call, x, wall, start, result, async_op):
         if x is None and hasattr(result, "shape"):  # scatter: what arrived here
             x = result
         if call.name == "recv" and not async_op and x is None:  # the array received, and from whom
@@ -293,23 +298,26 @@ class Monitor:
 
         result.on_complete(timed)
 
-    def timeout_error(self, comm, call, exc, peers=None, waiting=False):
-        """Turn a backend's timeout in call (waiting: in its handle's wait()) into a CollectiveTimeout."""
+    def timeout_error(self, backend, call, exc, peers=None, waiting=False):
+        """Turn a backend's timeout in call (waiting: in its handle's wait()) into a CollectiveTimeout.
+
+        backend: the communicator's transport, read for its rank, timeout and name.
+        """
         call = named(call)
         others = "its peer" if call.name in P2P else "the other ranks"
         what = f"{call_name(call)} (call #{call.seq})"
-        message = f"{timed_out(f'rank {comm.rank}', what, comm.timeout, others, waiting)} ({comm.backend}: {first_line(exc)})"
+        message = f"{timed_out(f'rank {backend.rank}', what, backend.timeout, others, waiting)} ({backend.name}: {first_line(exc)})"
         if peers:
             message += f". {peers}"
         message += f". Last collectives on this rank: {self.recent()}"
         return CollectiveTimeout(message)
 
-    def failure(self, comm, call, exc, lost, waiting=False):
+    def failure(self, backend, call, exc, lost, waiting=False):
         """Turn a backend's other error in call into a PeerLostError (lost) or a CommunicationError."""
         call = named(call)
         message = (
-            f"rank {comm.rank}: {call_name(call)} (call #{call.seq}) failed{' ' + self.IN_WAIT if waiting else ''} "
-            f"({comm.backend}: {first_line(exc)})"
+            f"rank {backend.rank}: {call_name(call)} (call #{call.seq}) failed{' ' + self.IN_WAIT if waiting else ''} "
+            f"({backend.name}: {first_line(exc)})"
         )
         if lost:
             message += ": a peer died or closed its connection (see the other ranks' errors)"

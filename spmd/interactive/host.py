@@ -33,7 +33,7 @@ __all__ = ["Host", "main", "PRELOAD", "START_WITHIN"]
 START_WITHIN = 120.0
 
 #: What every rank needs, imported once here before the ranks are forked.
-PRELOAD = ("numpy", "torch", "spmd.runtime.start", "spmd.runtime.rendezvous", "spmd.comms.backends.torchdist.world",
+PRELOAD = ("numpy", "torch", "spmd.runtime.start", "spmd.runtime.rendezvous", "spmd.comms.backends.torchdist.default_group",
            "spmd.comms.backends.torchdist.gloo", "spmd.failfast.report", "spmd.interactive.engine")
 
 

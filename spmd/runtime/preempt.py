@@ -28,7 +28,7 @@ from spmd.errors import SettingsError, SpmdTypeError
 from spmd.config.settings import parse_preempt_signal
 
 if TYPE_CHECKING:
-    from spmd.comms.base import Comm
+    from spmd.comms.comm import Comm
 
 __all__ = ["on_preempt", "preempted", "flagged", "any_preempted", "install", "signal_number", "reset"]
 

@@ -5,7 +5,7 @@ from typing import TYPE_CHECKING, Any
 from spmd.runtime.start import init, initialized, on_finalize
 
 if TYPE_CHECKING:
-    from spmd.comms.base import Comm
+    from spmd.comms.comm import Comm
 
 __all__ = ["comm"]
 

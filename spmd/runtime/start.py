@@ -28,7 +28,7 @@ from spmd.config.placement import detect, regroup
 from spmd.config.settings import DEFAULT_TIMEOUT, Settings, parse_timeout
 
 if TYPE_CHECKING:
-    from spmd.comms.base import Comm
+    from spmd.comms.comm import Comm
 
 _F = TypeVar("_F", bound=Callable[[], object])
 
@@ -94,13 +94,14 @@ def _monitor(settings, nccl):
 
 def _start(settings, environ, guarded=True):
     """Start the communicator; return it and the guards that watch it (none when not guarded)."""
+    from spmd.comms.comm import Comm
     placement = detect(environ)
     seconds = settings.timeout
     if placement.size == 1:
-        from spmd.comms.backends.serial import SerialComm
+        from spmd.comms.backends.serial import SerialBackend
 
         device = "cuda:0" if settings.backend == "nccl" and backends.cuda_usable() else "cpu"
-        return SerialComm(placement, device, seconds, _monitor(settings, False)), []
+        return Comm(SerialBackend(device, seconds), placement, _monitor(settings, False)), []
     checked = False  # every rank started and every pair of hosts connects, known before MPI_Init
     if settings.preflight and placement.is_mpi:  # before MPI_Init, which waits for ever on a broken pair
         preflight(placement, environ, min(seconds, PREFLIGHT_WITHIN))
@@ -116,18 +117,18 @@ def _start(settings, environ, guarded=True):
     monitor = _monitor(settings, name == "nccl")
     torch_mpi = name == "mpi" and "torch" in sys.modules and _torch_has_mpi()
     if name == "mpi" and not torch_mpi:
-        from spmd.comms.backends.mpi.comm import MpiComm
+        from spmd.comms.backends.mpi.backend import MpiBackend
         from spmd.failfast.hub import open_hub
         from spmd.failfast.mpi_timeout import MpiTimeout
 
         side, placement = _torch_group(settings, placement, mpi_world, environ, card, cards)
-        comm = MpiComm(mpi_world, placement, seconds, monitor)
+        comm = Comm(MpiBackend(mpi_world, seconds), placement, monitor)
         timer = MpiTimeout(comm, monitor.family)
         hub = open_hub(placement.rank, placement.size, comm.broadcast_object, placement.num_nodes == 1, seconds,
                        monitor.family, placement.address)
         mpiworld.release_segments_of(mpi_world)
         return comm, [timer, hub] + side
-    from spmd.comms.backends.torchdist.world import init_process_group, open_comm
+    from spmd.comms.backends.torchdist.default_group import init_process_group, open_backend
     from spmd.failfast.hub import open_hub, store_share
 
     store, device, guards = None, "cpu", []
@@ -136,7 +137,7 @@ def _start(settings, environ, guarded=True):
     if name == "nccl":
         device = _nccl_device(placement, store)
     init_process_group(name, store, placement.rank, placement.size, seconds, device)
-    comm = open_comm(name, placement, device, timeout=seconds, monitor=monitor, store=store)
+    comm = Comm(open_backend(name, device, timeout=seconds, store=store), placement, monitor)
     if store is not None and guarded:
         share = store_share(store, placement.rank)
         # the job store's interface (not torchrun's store), else this rank's chosen address
@@ -171,8 +172,7 @@ class _TorchGroup:
         # Only spmd's own group: one the user started after destroying it is theirs.
         if dist.is_initialized() and dist.group.WORLD is self._group():
             dist.destroy_process_group()
-        # gloo's threads end only once nothing holds the group (see TorchComm._close):
-        # drop the store too, and collect now rather than at interpreter teardown.
+        # gloo's threads end only once nothing holds the group (see TorchBackend.close): drop the store too, and collect now.
         self._store = None
         gc.collect()
 
@@ -192,7 +192,7 @@ def _torch_group(settings, placement, mpi_world, environ, card, cards):
     if not _torch_group_wanted(settings):
         addr = network.choose_server(cards[0], cards, environ).address if placement.num_nodes > 1 else "127.0.0.1"
         return [], _addressed(placement, gloo_interface(placement, addr, environ, card, cards))
-    from spmd.comms.backends.torchdist.world import init_process_group
+    from spmd.comms.backends.torchdist.default_group import init_process_group
 
     seconds = settings.timeout
     store, placement = _meet(placement, settings, mpi_world, environ, card, cards)  # the address goes over MPI
@@ -306,7 +306,7 @@ def init(backend: str | None = None, timeout: float | timedelta | None = None, d
             if _comm.size > 1:
                 _install_excepthook()
                 # Nobody leaves init (and perhaps the job) while a peer still joins.
-                _comm._barrier()
+                _comm._backend.barrier()
             _comm._mon.restart()  # the user's first collective is call #1
             atexit.register(finalize)
             return _comm
@@ -334,7 +334,7 @@ def init_watched(backend: str | None = None, timeout: float | None = None) -> Co
         _comm, _guards = _start(settings, os.environ, guarded=False)
         _comm._caches.results.configure(settings.keep_results, _comm.local_size)
         if _comm.size > 1:
-            _comm._barrier()
+            _comm._backend.barrier()
         _comm._mon.restart()
         return _comm
 
@@ -378,7 +378,7 @@ def finalize() -> None:
             # Collective, like MPI_Finalize: nobody leaves while a peer still
             # finishes its last collective, and the hub never sees a false death.
             if comm.size > 1:
-                comm._barrier()
+                comm._backend.barrier()
         finally:
             for guard in guards:
                 guard.close()
@@ -391,7 +391,7 @@ def _report_trace(comm):
     mon = comm._mon
     if mon.events is None:
         return
-    per_rank = comm._gather_object(mon.events, 0)
+    per_rank = comm._backend.gather_object(mon.events, 0)
     if comm.rank == 0:
         from spmd.failfast.calls import format_summary, summarize, write_trace
 

@@ -28,7 +28,7 @@ __all__ = ["main", "Serving", "PRELOAD"]
 
 #: spmd's modules a test's ranks need, imported before forking so that no rank imports them.
 PRELOAD = (
-    "spmd.runtime.start", "spmd.runtime.rendezvous", "spmd.comms.backends.torchdist.world",
+    "spmd.runtime.start", "spmd.runtime.rendezvous", "spmd.comms.backends.torchdist.default_group",
     "spmd.comms.backends.torchdist.gloo", "spmd.failfast.calls", "spmd.failfast.report",
     "spmd.comms.api.collectives", "spmd.comms.p2p.methods", "numpy", "torch",
 )

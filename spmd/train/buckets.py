@@ -19,7 +19,7 @@ from spmd.errors import DataParallelError
 if TYPE_CHECKING:
     from collections.abc import Callable, Hashable, Iterable, Sequence
 
-    from spmd.comms.base import Comm
+    from spmd.comms.comm import Comm
 
 __all__ = ["COMPRESS", "MB", "Bucket", "plan_buckets", "make_buckets", "auto_bucket_mb", "broadcast_tensors"]
 

@@ -11,7 +11,7 @@ from spmd.util.atomic import atomic_write
 from spmd.errors import CheckpointError
 
 if TYPE_CHECKING:
-    from spmd.comms.base import Comm
+    from spmd.comms.comm import Comm
 
 __all__ = ["atomic_save", "save_checkpoint", "load_checkpoint"]
 

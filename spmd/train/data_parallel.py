@@ -33,7 +33,7 @@ from spmd.train.wires import check_compress, describe, wire_names
 if TYPE_CHECKING:
     from collections.abc import Iterator, Mapping
 
-    from spmd.comms.base import Comm
+    from spmd.comms.comm import Comm
     from spmd.train.buckets import Bucket
     from spmd.train.wires import Compress
 

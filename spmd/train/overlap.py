@@ -22,7 +22,7 @@ from spmd.train.buckets import make_buckets
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from spmd.comms.base import Comm
+    from spmd.comms.comm import Comm
     from spmd.train.buckets import Bucket, Source
 
 __all__ = ["Flight", "Scheduler"]

@@ -21,7 +21,7 @@ from torch import nn
 from spmd.train.buckets import COMPRESS
 
 if TYPE_CHECKING:
-    from spmd.comms.base import Comm
+    from spmd.comms.comm import Comm
 
 __all__ = ["CROSSOVER", "CROSSOVER_DEFAULT", "RowWeight", "RowSender", "embedding_weights"]
 

@@ -50,18 +50,18 @@ def _failing(comm, exc):
     def hook(*args):
         raise exc
 
-    comm._direct_broadcast = lambda x, root: (hook, ())
-    comm._broadcast = hook
+    comm._backend.direct_broadcast = lambda x, root: (hook, ())
+    comm._backend.broadcast = hook
 
 
 def test_a_debug_mismatch_from_a_script_whose_path_says_timeout_stays_a_collective_error(backend):
     comm = _open(backend, debug=True)
-    real = comm._all_gather_object
+    real = comm._backend.all_gather_object
 
     def gathered(call):  # a second rank that called all_reduce from SCRIPT
         return real(call) + [Call(call.seq, "all_reduce", None, "sum", "float64", (3,), f"{SCRIPT}:12")]
 
-    comm._all_gather_object = gathered
+    comm._backend.all_gather_object = gathered
     with pytest.raises(CollectiveError) as info:
         comm.broadcast(np.ones(3))
     assert type(info.value) is CollectiveError
@@ -119,7 +119,7 @@ def test_a_lost_peer_is_what_the_backend_says_it_is(backend):
         said.append(exc)
         return "gone" in str(exc)
 
-    comm._is_peer_lost = lost
+    comm._backend.is_peer_lost = lost
     for text, expected in (("peer gone", PeerLostError), (GLOO_CLOSED + " (words it does not count)", CommunicationError)):
         exc = RuntimeError(text)
         _failing(comm, exc)

@@ -10,7 +10,8 @@ from tests.support import PY, clean_env
 from spmd.runtime import backends
 from spmd.runtime import rendezvous
 from spmd.runtime import start as runtime
-from spmd.comms.backends.serial import SerialComm
+from spmd.comms.backends.serial import SerialBackend
+from spmd.comms.comm import Comm
 from spmd.errors import BackendError, CollectiveError, RendezvousError
 from spmd.config.placement import detect
 
@@ -106,7 +107,7 @@ def test_timeout_parsing():
 
 
 def test_serial_comm_api():
-    c = SerialComm(detect({}))
+    c = Comm(SerialBackend(), detect({}))
     x = np.arange(4.0)
     assert c.all_reduce(x, op="avg") is x and c.broadcast(x) is x and c.reduce(x) is x
     assert np.array_equal(c.scatter(np.arange(6).reshape(3, 2)), np.arange(6).reshape(3, 2))

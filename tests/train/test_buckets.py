@@ -5,7 +5,8 @@ import torch
 from torch import nn
 
 from tests.train.nets import Branchy
-from spmd.comms.backends.serial import SerialComm
+from spmd.comms.backends.serial import SerialBackend
+from spmd.comms.comm import Comm
 from spmd.train.buckets import Bucket, auto_bucket_mb, plan_buckets
 from spmd.train.data_parallel import DataParallel
 
@@ -36,14 +37,14 @@ def test_default_bucket_size_is_25_mb_and_with_overlap_a_quarter_of_the_model_un
     assert auto_bucket_mb(mb * 2, overlap=True) == 1.0  # at least 1
     assert auto_bucket_mb(mb * 400, overlap=True) == 25.0  # at most 25
     assert auto_bucket_mb(mb * 12, overlap=True, crowded=True) == 25.0  # more ranks than CPUs
-    assert DataParallel(Branchy(), SerialComm()).bucket_mb == 25.0
-    assert DataParallel(Branchy(), SerialComm(), bucket_mb=2).bucket_mb == 2
+    assert DataParallel(Branchy(), Comm(SerialBackend())).bucket_mb == 25.0
+    assert DataParallel(Branchy(), Comm(SerialBackend()), bucket_mb=2).bucket_mb == 2
 
 
 @pytest.mark.unit
 def test_buckets_hold_every_trainable_parameter_once_in_reverse_order():
     model = Branchy()
-    dp = DataParallel(model, SerialComm(), bucket_mb=100 / 2**20)  # ~100 bytes
+    dp = DataParallel(model, Comm(SerialBackend()), bucket_mb=100 / 2**20)  # ~100 bytes
     trainable = [p for p in model.parameters() if p.requires_grad]
     seen = [p for b in dp.buckets for p in b.params]
     assert [id(p) for p in seen] == [id(p) for p in reversed(trainable)]

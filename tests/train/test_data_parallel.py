@@ -22,7 +22,8 @@ from torch import nn
 from tests.support import MPIRUN, PY, REPO, WORLDS, clean_env, ranks_ok, run, run_ranks, tool
 from tests.train.jobruns import train_job
 from tests.train.nets import Branchy, data, grads, loss_of
-from spmd.comms.backends.serial import SerialComm
+from spmd.comms.backends.serial import SerialBackend
+from spmd.comms.comm import Comm
 from spmd.train.data_parallel import DataParallel, gather_metrics
 
 JOB = REPO / "jobs" / "train_dp.py"
@@ -183,7 +184,7 @@ def test_serial_accumulation_averages_micro_batches():
     ref = copy.deepcopy(base)
     loss_of(ref, x, y).backward()
     model = copy.deepcopy(base)
-    dp = DataParallel(model, SerialComm(), accum_steps=4, overlap=True)
+    dp = DataParallel(model, Comm(SerialBackend()), accum_steps=4, overlap=True)
     steps = [dp.backward(loss_of(model, x[i * 2 : i * 2 + 2], y[i * 2 : i * 2 + 2])) for i in range(4)]
     assert steps == [False, False, False, True]
     for name, want in grads(ref).items():
@@ -196,11 +197,11 @@ def test_serial_accumulation_averages_micro_batches():
 @pytest.mark.unit
 def test_arguments_are_checked():
     with pytest.raises(ValueError, match="compress"):
-        DataParallel(Branchy(), SerialComm(), compress="int8")
+        DataParallel(Branchy(), Comm(SerialBackend()), compress="int8")
     with pytest.raises(ValueError, match="accum_steps"):
-        DataParallel(Branchy(), SerialComm(), accum_steps=0)
+        DataParallel(Branchy(), Comm(SerialBackend()), accum_steps=0)
     with pytest.raises(ValueError, match="bucket_mb"):
-        DataParallel(Branchy(), SerialComm(), bucket_mb=0)
+        DataParallel(Branchy(), Comm(SerialBackend()), bucket_mb=0)
 
 
 # -- metrics --------------------------------------------------------------

@@ -249,7 +249,7 @@ if comm.backend == "gloo":  # a reduce goes up a tree of sends, large ones in pi
     finally:
         gloo_backend.PIECE_BYTES = saved
 if comm.backend == "mpi":  # large blocking allreduces run in pieces; make pieces small to see them
-    import spmd.comms.backends.mpi.reductions as mpi_backend
+    import spmd.comms.backends.mpi.backend as mpi_backend
 
     saved, mpi_backend.PIECE = mpi_backend.PIECE, 4096
     try:

@@ -102,7 +102,7 @@ def all_reduce_many(comm: Any, xs: Sequence[ArrayT], op: Op, async_op: bool) -> 
     if not async_op and xs:
         # One kind and dtype on the CPU (the usual list of gradients): where the
         # backend packs in one call, one pass over the list is all the Python.
-        mover = comm._mover(xs)
+        mover = comm._backend.mover(xs)
         if mover is not None:
             comm._array(xs[0], "x[0]")
             check_op(op, xs[0])

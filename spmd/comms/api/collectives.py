@@ -1,7 +1,8 @@
-"""The collectives of a communicator: argument checks, then the backend's hooks.
+"""The collectives of a communicator, of arrays and of objects: argument checks, then the backend's hooks.
 
-A mixin of :class:`~spmd.comms.base.Comm`, which declares the hooks and
-the bookkeeping (``_call``, ``_describing``) these methods go through.
+A mixin of :class:`~spmd.comms.comm.Comm`, which holds the backend
+(``self._backend``), the checks and the call path (``_call``,
+``_describing``) these methods go through.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ __all__ = ["Collectives"]
 
 
 class Collectives:
-    """broadcast, reduce, all_reduce, scatter, gather, all_gather, barrier, and more.
+    """broadcast, reduce, all_reduce, scatter, gather, all_gather, barrier, and their object forms.
 
     Long because its one job is: each collective has its typed forms (blocking and async), its
     checks and its call, seven times over.
@@ -39,11 +40,11 @@ class Collectives:
         """Copy root's x into x on every rank, in place; return x."""
         root = self._root(root)
         if not async_op and not self._mon.active:
-            go = self._direct_broadcast(x, root)
+            go = self._backend.direct_broadcast(x, root)
             if go is not None:
                 self._call(go[0], go[1], "broadcast", x, root)
                 return x
-        return self._call(self._broadcast, (self._array(x), root, async_op), "broadcast", x, root, None, async_op)
+        return self._call(self._backend.broadcast, (self._array(x), root, async_op), "broadcast", x, root, None, async_op)
 
     @overload
     def reduce(self, x: ArrayT, root: int = 0, op: Op = "sum", async_op: Literal[False] = False) -> ArrayT: ...
@@ -56,12 +57,12 @@ class Collectives:
         """Combine x over ranks into root's x, in place; other ranks' x stay unchanged."""
         root = self._root(root)
         if not async_op and not self._mon.active:
-            go = self._direct_reduce(x, root, op)
+            go = self._backend.direct_reduce(x, root, op)
             if go is not None:
                 self._call(go[0], go[1], "reduce", x, root, op)
                 return x
         op = check_op(op, self._array(x))
-        return self._call(self._reduce, (x, root, op, async_op), "reduce", x, root, op, async_op)
+        return self._call(self._backend.reduce, (x, root, op, async_op), "reduce", x, root, op, async_op)
 
     @overload
     def all_reduce(self, x: ArrayT, op: Op = "sum", async_op: Literal[False] = False,
@@ -89,7 +90,7 @@ class Collectives:
         the backend's scratch memory stays bounded.
         """
         if not async_op and chunk_bytes is None and not self._mon.active:
-            go = self._direct_all_reduce(x, op)
+            go = self._backend.direct_all_reduce(x, op)
             if go is not None:
                 self._call(go[0], go[1], "all_reduce", x, None, op)
                 return x
@@ -104,7 +105,7 @@ class Collectives:
             if nbytes(x) > chunk_bytes:
                 result = all_reduce_chunked(self, x, op, chunk_bytes)
                 return Done(result) if async_op else result
-        return self._call(self._all_reduce, (x, op, async_op), "all_reduce", x, None, op, async_op)
+        return self._call(self._backend.all_reduce, (x, op, async_op), "all_reduce", x, None, op, async_op)
 
     @overload
     def scatter(self, chunks: ArrayT | Sequence[ArrayT] | None = None, root: int = 0,
@@ -134,7 +135,7 @@ class Collectives:
         root = self._root(root)
         if equal:
             if out is not None and not async_op and not self._mon.active:
-                go = self._direct_scatter(chunks if self.rank == root else None, root, out)
+                go = self._backend.direct_scatter(chunks if self.rank == root else None, root, out)
                 if go is not None:
                     return self._call(go[0], go[1], "scatter", out, root, "equal")
             if out is not None:
@@ -152,14 +153,14 @@ class Collectives:
                 header, error = meta.error_header(self.size), str(exc)
         else:
             header = self._header_buffer
-        self._describing("scatter", None, root, self._broadcast_ints, header, root)
+        self._describing("scatter", None, root, self._backend.broadcast_ints, header, root)
         if header[0]:
-            raise CollectiveError(self._describing("scatter", None, root, self._broadcast_object, error, root))
+            raise CollectiveError(self._describing("scatter", None, root, self._backend.broadcast_object, error, root))
         layout = Layout(*self._descs.header(header))
         if out is not None:
             self._check_out(out, layout.kind, layout.dtype, (layout.lengths[self.rank],) + layout.trail, "scatter")
         args = (parts, whole, layout, root, out, async_op)
-        return self._call(self._scatter, args, "scatter", None, root, None, async_op)
+        return self._call(self._backend.scatter, args, "scatter", None, root, None, async_op)
 
     def _scatter_equal(self, chunks, root, async_op, out):
         """scatter(equal=True): shapes known on every rank, so no header goes out."""
@@ -181,7 +182,7 @@ class Collectives:
             lengths = [out.shape[0]] * self.size
         layout = Layout(*self._kind_dtype(like), tuple(like.shape[1:]), lengths)
         args = (parts, whole, layout, root, out, async_op)
-        return self._call(self._scatter, args, "scatter", like, root, "equal", async_op)
+        return self._call(self._backend.scatter, args, "scatter", like, root, "equal", async_op)
 
     def _lengths(self, x, what, equal=False):
         """Exchange array descriptions; return every rank's dim-0 length or raise everywhere.
@@ -194,7 +195,7 @@ class Collectives:
             if same is None:
                 meta.check_rows([row], what)  # raises, naming what is wrong with x
             return [x.shape[0]] * self.size
-        rows = self._describing(what, x, None, self._allgather_ints, row)
+        rows = self._describing(what, x, None, self._backend.allgather_ints, row)
         return self._descs.lengths(x, rows, same, what)
 
     def _gather_out(self, x, lengths, out, what):
@@ -227,13 +228,13 @@ class Collectives:
         """
         root = self._root(root)
         if equal and not async_op and not self._mon.active:
-            go = self._direct_gather(x, root, out if self.rank == root else None)
+            go = self._backend.direct_gather(x, root, out if self.rank == root else None)
             if go is not None:
                 return self._call(go[0], go[1], "gather", x, root, "equal")
         lengths = self._lengths(x, "gather", equal)
         out = self._gather_out(x, lengths, out, "gather") if self.rank == root else None
         op = "equal" if equal else None
-        return self._call(self._gather, (x, lengths, root, out, async_op), "gather", x, root, op, async_op)
+        return self._call(self._backend.gather, (x, lengths, root, out, async_op), "gather", x, root, op, async_op)
 
     @overload
     def all_gather(self, x: ArrayT, async_op: Literal[False] = False, *, equal: bool = False,
@@ -252,17 +253,47 @@ class Collectives:
         ``equal`` and ``out`` work as for :meth:`gather`.
         """
         if equal and out is not None and not async_op and not self._mon.active:
-            go = self._direct_all_gather(x, out)
+            go = self._backend.direct_all_gather(x, out)
             if go is not None:
                 return self._call(go[0], go[1], "all_gather", x, None, "equal")
         lengths = self._lengths(x, "all_gather", equal)
         out = self._gather_out(x, lengths, out, "all_gather")
         op = "equal" if equal else None
-        return self._call(self._all_gather, (x, lengths, out, async_op), "all_gather", x, None, op, async_op)
+        return self._call(self._backend.all_gather, (x, lengths, out, async_op), "all_gather", x, None, op, async_op)
 
     def barrier(self) -> None:
         """Block until every rank has called barrier."""
-        self._call(self._barrier, (), "barrier")
+        self._call(self._backend.barrier, (), "barrier")
+
+    # -- objects (pickled) ---------------------------------------------------------------
+
+    def broadcast_object(self, obj: Any, root: int = 0) -> Any:
+        """Return root's obj on every rank (pickled)."""
+        root = self._root(root)
+        return self._call(self._backend.broadcast_object, (obj, root), "broadcast_object", None, root)
+
+    def gather_object(self, obj: Any, root: int = 0) -> list[Any] | None:
+        """Return the list of every rank's obj on root, None elsewhere."""
+        root = self._root(root)
+        return self._call(self._backend.gather_object, (obj, root), "gather_object", None, root)
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        """Return the list of every rank's obj on every rank."""
+        return self._call(self._backend.all_gather_object, (obj,), "all_gather_object")
+
+    def scatter_object(self, objs: Sequence[Any] | None = None, root: int = 0) -> Any:
+        """Return this rank's item of root's list of size objects."""
+        root = self._root(root)
+        error = None
+        if self.rank == root:
+            if objs is None or len(objs) != self.size:
+                got = "None" if objs is None else len(objs)
+                error = f"scatter_object: expecting {self.size} objects (one per rank), got {got}"
+        error = self.broadcast_object(error, root)
+        if error:
+            raise CollectiveError(error)
+        objs = list(objs) if self.rank == root else None
+        return self._call(self._backend.scatter_object, (objs, root), "scatter_object", None, root)
 
     def _scatter_parts(self, chunks):
         """On root: return (list of size arrays or None, whole array or None, lengths), or raise."""
@@ -279,7 +310,7 @@ class Collectives:
             raise CollectiveError(f"scatter: expecting {self.size} chunks (one per rank), got {len(chunks)}")
         for i, c in enumerate(chunks):
             check_array(c, f"scatter chunk {i}")
-            self._check_device(c, f"scatter chunk {i}")
+            self._backend.check_device(c, f"scatter chunk {i}")
         parts = list(chunks)
         first = parts[0]
         if (

@@ -1,7 +1,7 @@
 """all_to_all, reduce_scatter, scan and exscan: the collectives beyond the guide's six.
 
-A mixin of :class:`~spmd.comms.base.Comm`, which declares the hooks
-(``_all_to_all``, ``_reduce_scatter``, ``_scan``) and the bookkeeping.
+A mixin of :class:`~spmd.comms.comm.Comm`, whose backend has the hooks
+(``all_to_all``, ``reduce_scatter``, ``scan``) and which holds the call path.
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ class Exchanges:
             received = list(sent)
         else:
             row = np.concatenate([meta.encode(first[:0] if parts is None else first), np.asarray(sent, np.int64)])
-            rows = self._describing("all_to_all", first, None, self._allgather_ints, row)
+            rows = self._describing("all_to_all", first, None, self._backend.allgather_ints, row)
             meta.check_rows(rows[:, : meta.WIDTH], "all_to_all")  # one dtype and trailing shape everywhere
             received = rows[:, meta.WIDTH + self.rank].tolist()
         if out is not None:
@@ -101,7 +101,7 @@ class Exchanges:
             self._check_out(out, kind, dtype, (sum(received),) + trail, "all_to_all")
         layout = Layout(kind, dtype, trail, received)
         args = (parts, whole, sent, layout, out, async_op)
-        return self._call(self._all_to_all, args, "all_to_all", first, None, "equal" if equal else None, async_op)
+        return self._call(self._backend.all_to_all, args, "all_to_all", first, None, "equal" if equal else None, async_op)
 
     def _chunks(self, chunks, what):
         """Return (list of size arrays or None, whole array or None, each chunk's length), or raise."""
@@ -142,7 +142,7 @@ class Exchanges:
         if x.ndim == 0:
             raise CollectiveError("reduce_scatter: cannot split a 0-d array into blocks; pass at least one dimension")
         lengths = split_sizes(x.shape[0], self.size)
-        return self._call(self._reduce_scatter, (x, lengths, op, async_op), "reduce_scatter", x, None, op, async_op)
+        return self._call(self._backend.reduce_scatter, (x, lengths, op, async_op), "reduce_scatter", x, None, op, async_op)
 
     @overload
     def scan(self, x: ArrayT, op: Op = "sum", async_op: Literal[False] = False) -> ArrayT: ...
@@ -175,7 +175,7 @@ class Exchanges:
         op = check_op(op, self._array(x))
         if op not in SCAN_OPS:
             raise CollectiveError(f"{name}: op {op!r} has no prefix form; use one of {', '.join(SCAN_OPS)}")
-        result = self._call(self._scan, (x, exclusive, op, async_op), name, x, None, op, async_op)
+        result = self._call(self._backend.scan, (x, exclusive, op, async_op), name, x, None, op, async_op)
         if exclusive and self.rank == 0:
             if async_op:
                 inner = result

@@ -51,7 +51,7 @@ _DONE = object()  # a data receive that is over (or had nothing to receive)
 
 def header_buffer(comm):
     """A new buffer for a header's message: the row, then room for inline data."""
-    return np.empty(meta.WIDTH + -(-comm._inline_bytes // 8), np.int64)
+    return np.empty(meta.WIDTH + -(-comm._backend.inline_bytes // 8), np.int64)
 
 
 def receive_buffers(comm: Any) -> tuple[Any, Any, Any]:
@@ -74,12 +74,12 @@ def land(comm, header, c, source, base, pending):
     n = _nbytes(c)
     if not n:
         return _DONE
-    if n <= comm._inline_bytes:
-        comm._bytes_of(c)[:] = header.view(np.uint8)[HEADER_BYTES : HEADER_BYTES + n]
+    if n <= comm._backend.inline_bytes:
+        comm._backend.bytes_of(c)[:] = header.view(np.uint8)[HEADER_BYTES : HEADER_BYTES + n]
         return _DONE
     if pending:
-        return comm._recv(c, source, base + DATA, True)
-    comm._recv(c, source, base + DATA, False)
+        return comm._backend.recv(c, source, base + DATA, True)
+    comm._backend.recv(c, source, base + DATA, False)
     return _DONE
 
 
@@ -89,7 +89,7 @@ class Incoming:
     def __init__(self, comm, src, base, out, pending):
         self.comm, self.base, self.out = comm, base, out
         self.header = header_buffer(comm)
-        self.head = comm._recv(self.header, src, base + HEADER, pending)  # a Handle, or (blocking) the source
+        self.head = comm._backend.recv(self.header, src, base + HEADER, pending)  # a Handle, or (blocking) the source
         self.data = None  # the data's receive once posted: a Handle, or _DONE
         self.source = self.result_ = self.error = self.back = self.keep = None
         self.pending = pending

@@ -1,16 +1,19 @@
-"""Point-to-point messages: send, recv, their immediate forms, and sendrecv.
+"""Point-to-point messages: send, recv, their immediate forms, sendrecv, and objects.
 
-A mixin of :class:`~spmd.comms.base.Comm`: it checks arguments and builds
-messages; a backend moves bytes with two hooks, ``_send`` and ``_recv``.
+A mixin of :class:`~spmd.comms.comm.Comm`: it checks arguments and builds
+messages; the backend moves bytes with two hooks, ``send`` and ``recv``.
 A message is a header (the array's kind, dtype and shape), then the data;
-small data travels inside the header's message.  Tags, buffers, mismatches
-and debug mode: docs/comms.md, "Point to point".  Checks and message
-plans are in :mod:`~spmd.comms.p2p.checks`, debug mode's messages in
-:mod:`~spmd.comms.p2p.debug`, objects in :mod:`~spmd.comms.p2p.objects`.
+small data travels inside the header's message.  With ``SPMD_DEBUG=1`` a
+sender also sends its call site, and the sender of a blocking send of over
+64 KiB waits for the receiver's verdict, so both ranks raise a mismatch.
+Tags, buffers, mismatches and debug mode: docs/comms.md, "Point to point".
+Message plans are in :mod:`~spmd.comms.p2p.plan`, receives in flight in
+:mod:`~spmd.comms.p2p.incoming`.
 """
 
 from __future__ import annotations
 
+import pickle
 import time
 from ctypes import memmove
 from typing import TYPE_CHECKING, Any, Literal, overload
@@ -18,11 +21,10 @@ from typing import TYPE_CHECKING, Any, Literal, overload
 import numpy as np
 
 from spmd.errors import CollectiveError, CollectiveTimeout
-from spmd.failfast.calls import timed_out
-from spmd.comms.arrays import contiguous
+from spmd.failfast.calls import caller, timed_out
+from spmd.comms.arrays import contiguous, dtype_name, is_tensor
 from spmd.comms.handle import Handle
-from spmd.comms.p2p.checks import MessageChecks
-from spmd.comms.p2p.debug import CheckedMessages
+from spmd.comms.state import meta
 from spmd.comms.p2p.incoming import (
     DATA,
     HEADER,
@@ -35,8 +37,7 @@ from spmd.comms.p2p.incoming import (
     all_done,
     land,
 )
-from spmd.comms.p2p.objects import ObjectMessages
-from spmd.comms.p2p.plan import VERDICT_AFTER, Received
+from spmd.comms.p2p.plan import VERDICT_AFTER, Finished, MessagePlan, Received
 
 if TYPE_CHECKING:
     from spmd.comms.types import Array, ArrayT
@@ -44,8 +45,12 @@ if TYPE_CHECKING:
 __all__ = ["PointToPoint", "Received", "HEADER", "DATA", "WHERE", "VERDICT", "TAG_STRIDE", "VERDICT_AFTER"]
 
 
-class PointToPoint(MessageChecks, CheckedMessages, ObjectMessages):
-    """send, recv, isend, irecv, sendrecv, send_object, recv_object."""
+class PointToPoint:
+    """send, recv, isend, irecv, sendrecv, send_object, recv_object.
+
+    Long because its one job is: the public calls, their checks, the messages
+    they build and take apart, and debug mode's call sites and verdicts.
+    """
 
     #: Immediate receives whose header has not come yet: every wait here moves them on
     #: (a list of the communicator's own, made by Comm.__init__).
@@ -96,17 +101,17 @@ class PointToPoint(MessageChecks, CheckedMessages, ObjectMessages):
             elif plan.cpu_tensor:
                 memmove(plan.sending_at, c.data_ptr(), plan.nbytes)
             else:
-                plan.scratch[HEADER_BYTES:] = self._bytes_of(c)
-            self._send(plan.scratch, dst, base + HEADER, False)
+                plan.scratch[HEADER_BYTES:] = self._backend.bytes_of(c)
+            self._backend.send(plan.scratch, dst, base + HEADER, False)
             return None
         if inline:
             packed = self._packed(header, c, n)
-            works = [self._send(packed, dst, base + HEADER, pending)]
+            works = [self._backend.send(packed, dst, base + HEADER, pending)]
             c = packed
         else:
-            works = [self._send(header, dst, base + HEADER, pending)]
+            works = [self._backend.send(header, dst, base + HEADER, pending)]
             if n:
-                works.append(self._send(c, dst, base + DATA, pending))
+                works.append(self._backend.send(c, dst, base + DATA, pending))
         if not pending:
             return None
         handle = Handle(lambda: self._progressing(works), lambda: all_done(works), lambda: (c, header) and None)
@@ -156,7 +161,7 @@ class PointToPoint(MessageChecks, CheckedMessages, ObjectMessages):
             incoming.wait()
             return incoming.result(), incoming.source
         header = self._recv_header
-        source = self._recv(header, src, base + HEADER, False)
+        source = self._backend.recv(header, src, base + HEADER, False)
         if plan is not None and not self._mon.debug:
             if self._recv_tail.tobytes() == plan.tail and (
                 out.flags.c_contiguous if type(out) is np.ndarray else out.is_contiguous()
@@ -183,7 +188,7 @@ class PointToPoint(MessageChecks, CheckedMessages, ObjectMessages):
         return result, source
 
     def _irecv_message(self, src, tag, out):
-        kind = Threaded if self._receives_in_threads else Incoming
+        kind = Threaded if self._backend.receives_in_threads else Incoming
         incoming = kind(self, src, TAG_STRIDE * tag, out, True)
         self._incoming.append(incoming)
         handle = Received(incoming.wait, incoming.test, incoming.result, tag)
@@ -241,3 +246,150 @@ class PointToPoint(MessageChecks, CheckedMessages, ObjectMessages):
         got = self.recv(src, tag, out=out)
         sending.wait()
         return got
+
+    # -- objects: an object travels as its pickle, a uint8 array sent with send -----------
+
+    def send_object(self, obj: Any, dst: int, tag: int = 0) -> None:
+        """Send a picklable object to rank dst (any size, over 2 GiB included)."""
+        data = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
+        self.send(data, dst, tag)
+
+    @overload
+    def recv_object(self, src: int | None = None, tag: int = 0, *, status: Literal[False] = False) -> Any: ...
+    @overload
+    def recv_object(self, src: int | None = None, tag: int = 0, *, status: Literal[True]) -> tuple[Any, int, int]: ...
+
+    def recv_object(self, src: int | None = None, tag: int = 0, *, status: bool = False) -> Any:
+        """Receive an object sent with send_object; with ``status=True`` return ``(obj, source, tag)``."""
+        data, source, tag = self.recv(src, tag, status=True)
+        obj = pickle.loads(data.tobytes() if is_tensor(data) else memoryview(data))
+        return (obj, source, tag) if status else obj
+
+    # -- checks and message building: peers, tags, plans, what arrives ---------------------
+
+    def _packed(self, header, c, n):
+        """One message: the header row, then c's n bytes."""
+        buf = np.empty(HEADER_BYTES + n, np.uint8)
+        buf[:HEADER_BYTES] = header.view(np.uint8)
+        buf[HEADER_BYTES:] = self._backend.bytes_of(c)
+        return buf
+
+    def _peer(self, rank, what):
+        if type(rank) is int and 0 <= rank < self.size:
+            return rank
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < self.size:
+            raise CollectiveError(
+                f"{what} {rank!r} is out of range: this communicator has ranks 0 to {self.size - 1}"
+            )
+        return int(rank)
+
+    def _tag(self, tag):
+        top = self._backend.max_tag // TAG_STRIDE - 1
+        if type(tag) is not int or not 0 <= tag <= top:
+            if isinstance(tag, bool) or not isinstance(tag, int) or not 0 <= tag <= top:
+                raise CollectiveError(
+                    f"tag {tag!r} is not allowed: tags are integers from 0 to {top} on the {self.backend} backend"
+                )
+            tag = int(tag)
+        return tag
+
+    def _plan(self, x, what, strict=True):
+        """Check x can travel and return its message's MessagePlan, worked out once per (type, dtype, shape).
+
+        Not strict (a receive's out): None for an array no message can fill.
+        """
+        if type(x) is np.ndarray:
+            key = (np.ndarray, x.dtype, x.shape)
+        else:  # a tensor (a numpy subclass; anything else is refused on the miss)
+            try:
+                key = (type(x), x.dtype, x.shape, x.device)
+            except AttributeError:
+                key = (type(self._array(x, what)), x.dtype, x.shape)
+        plan = self._descs.plans.get(key)
+        if plan is None:
+            self._array(x, what)
+            if meta.dtype_code(x.dtype) < 0 or x.ndim > meta.MAX_TRAIL + 1:
+                if not strict:
+                    return None
+                raise CollectiveError(
+                    f"{what}: cannot send a {dtype_name(x)} array of {x.ndim} dimensions; send one of at "
+                    f"most {meta.MAX_TRAIL + 1} dimensions, of a dtype among {', '.join(meta.DTYPES)}"
+                )
+            plan = self._descs.keep_plan(key, MessagePlan(self, x))
+        return plan
+
+    def _prepare(self, header, source, base, out):
+        """The header from source has come: return (the buffer its data goes into, the result, error or None)."""
+        header = header[: meta.WIDTH]
+        kind, dtype, shape = self._descs.message(header)
+        error = None
+        if out is not None and (self._descs.row(out)[0][1:].tobytes() != header[1:].tobytes()):
+            error = (
+                f"recv from rank {source} (tag {base // TAG_STRIDE}): out is a {dtype_name(out)} array of "
+                f"shape {tuple(out.shape)} but rank {source} sent {dtype} of shape {shape}; pass out of that "
+                "dtype and shape, or no out to get a new array"
+            )
+        if self._mon.debug and source != self.rank:
+            where = self._recv_bytes(source, base + WHERE)
+            waits, where = where[:1] == "1", where[1:]
+            if error:
+                error += f" (send at {where}; recv at {caller()})"
+            if waits:  # the sender waits for this verdict, and sends no data on a mismatch
+                self._send_bytes(error or "", source, base + VERDICT)
+                if error:
+                    raise CollectiveError(error)
+        if error:  # the data is drained into a sink, so the next message with this tag matches
+            return self._p2p_array("numpy", dtype, shape), None, error
+        result = self._p2p_array(kind, dtype, shape) if out is None else out
+        return result, result, None
+
+    def _p2p_array(self, kind, dtype, shape):
+        """A new array for a received message: numpy, or a torch tensor on this backend's device."""
+        if kind == "numpy":
+            return np.empty(shape, dtype=dtype)
+        import torch
+
+        return torch.empty(shape, dtype=getattr(torch, dtype), device=self.device)
+
+    # -- debug mode: call sites and verdicts travel with the messages ----------------------
+
+    def _send_checked(self, c, header, dst, base, async_op, n, inline):
+        """Debug mode: send the header (inline data included) and the call site, then the data.
+
+        A blocking send of more than VERDICT_AFTER bytes, which waits for the
+        receiver in any MPI, first waits for the receiver's verdict and sends
+        its data only if the receiver agrees: both ranks then raise a
+        mismatch.  Any other send (inline, eager-sized or immediate) goes on
+        without it, so debug mode never adds a wait that could deadlock a ring
+        of sends; the receiver raises the mismatch, naming both call sites,
+        and drains the data.
+        """
+        waits = not async_op and n > VERDICT_AFTER
+        self._backend.send(self._packed(header, c, n) if inline else header, dst, base + HEADER, False)
+        self._send_bytes(("1" if waits else "0") + caller(), dst, base + WHERE)
+        if waits:
+            verdict = self._recv_bytes(dst, base + VERDICT)
+            if verdict:
+                raise CollectiveError(verdict)
+        if n and not inline:
+            if async_op:
+                work = self._backend.send(c, dst, base + DATA, True)
+                return Handle(lambda: self._progressing([work]), lambda: all_done([work]), lambda: (c, None)[1])
+            self._backend.send(c, dst, base + DATA, False)
+        return Finished(None) if async_op else None
+
+    def _send_bytes(self, text, dst, tag):
+        """Send a small text message (debug mode's call sites and verdicts): its length, then its bytes."""
+        data = np.frombuffer(text.encode(), np.uint8)
+        self._backend.send(np.array([data.nbytes], np.int64), dst, tag, False)
+        if data.nbytes:
+            self._backend.send(data, dst, tag, False)
+
+    def _recv_bytes(self, src, tag):
+        """Receive a small text message (debug mode's call sites and verdicts)."""
+        size = np.empty(1, np.int64)
+        self._backend.recv(size, src, tag, False)
+        data = np.empty(int(size[0]), np.uint8)
+        if data.nbytes:
+            self._backend.recv(data, src, tag, False)
+        return data.tobytes().decode()

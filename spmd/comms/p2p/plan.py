@@ -57,7 +57,7 @@ class MessagePlan:
     def __init__(self, comm, x):
         row = self.row = comm._descs.row(x)[0]
         self.tail, self.nbytes = row.tobytes()[8:], nbytes(x)
-        self.inline = 0 < self.nbytes <= comm._inline_bytes
+        self.inline = 0 < self.nbytes <= comm._backend.inline_bytes
         self.scratch = self.sending = self.receiving = None
         self.cpu_tensor = False  # a CPU tensor's bytes are copied by address (memmove)
         self.sending_at = self.receiving_at = 0

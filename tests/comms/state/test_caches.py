@@ -64,9 +64,10 @@ def test_sub_communicators_share_the_results_pool_and_end_with_their_world():
 def test_a_comm_owns_its_caches_and_clear_frees_everything_it_kept():
     from mpi4py import MPI
 
-    from spmd.comms.backends.mpi.comm import MpiComm
+    from spmd.comms.backends.mpi.backend import MpiBackend
+    from spmd.comms.comm import Comm
 
-    comm = MpiComm(MPI.COMM_SELF)
+    comm = Comm(MpiBackend(MPI.COMM_SELF))
     xs = [np.ones(100) for _ in range(4)]
     comm.all_reduce(xs)  # packer layout and flat buffer kept
     got = comm.all_gather(np.ones((N, 2)))  # a large result: kept by the pool

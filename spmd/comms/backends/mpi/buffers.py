@@ -1,6 +1,6 @@
 """How arrays become MPI messages: datatypes, byte views, addresses, layouts.
 
-Helpers of the mpi backend (``spmd.comms.backends.mpi.comm``), kept apart from its
+Helpers of the mpi backend (``spmd.comms.backends.mpi.backend``), kept apart from its
 collectives.  A numpy array goes to mpi4py as itself; a torch tensor by
 address (``MPI.buffer.fromaddress``), which costs a fraction of a
 microsecond where ``t.numpy()`` or mpi4py's DLPack path cost several.
@@ -25,9 +25,11 @@ def mpi_type(dtype):
         pass
     name = str(dtype).replace("torch.", "")
     try:
-        char = np.dtype(name).char if name not in ("bool", "bfloat16") else None
+        plain = np.dtype(name) if name not in ("bool", "bfloat16") else None
     except TypeError:
-        char = None
+        plain = None
+    # Numbers only: MPI also names text and dates, which no reduction takes.
+    char = plain.char if plain is not None and plain.kind in "iufc" else None
     # Predefined types only: MPI's reductions are not defined on derived ones.
     found = MPI._typedict.get(char) if char else None
     _TYPES[dtype] = found

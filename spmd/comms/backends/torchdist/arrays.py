@@ -8,7 +8,7 @@ import torch.distributed as dist
 
 from spmd.comms.arrays import contiguous
 
-__all__ = ["OPS", "tensor", "as_kind", "wire", "all_gather_single", "reduce_scatter_single"]
+__all__ = ["OPS", "tensor", "as_kind", "real_view", "all_gather_single", "reduce_scatter_single"]
 
 OPS = {
     "sum": dist.ReduceOp.SUM,
@@ -39,7 +39,7 @@ def as_kind(t, kind):
     return t.numpy() if kind == "numpy" else t
 
 
-def wire(t):
+def real_view(t):
     """Return t as torch.distributed's scatter and gather take it: complex as its real view (same memory)."""
     return torch.view_as_real(t) if t.is_complex() else t
 # Renamed in torch 2.13 too.

@@ -1,6 +1,6 @@
 """The gloo backend: torch.distributed's gloo process group, called directly where it pays.
 
-On top of :class:`~spmd.comms.backends.torchdist.base.TorchComm`: direct
+On top of :class:`~spmd.comms.backends.torchdist.backend.TorchBackend`: direct
 hooks for broadcast, reduce and all_reduce; scatter, gather and a blocking
 reduce (up a binomial tree) point to point; all_gather and the description
 exchange on the process group's allgather.  Why, with the measurements:
@@ -12,13 +12,13 @@ import torch
 import torch.distributed as dist
 from torch.distributed.distributed_c10d import AllgatherOptions
 
+from spmd.comms.arrays import split_rows
 from spmd.comms.handle import after
 from spmd.comms.p2p.incoming import HEADER_BYTES
 from spmd.comms.backends.torchdist.arrays import OPS, as_kind, tensor
-from spmd.comms.backends.torchdist.p2p import EAGER
-from spmd.comms.backends.torchdist.base import TorchComm
+from spmd.comms.backends.torchdist.backend import EAGER, TorchBackend
 
-__all__ = ["GlooComm", "P2P_TAG"]
+__all__ = ["GlooBackend", "P2P_TAG"]
 
 _REDUCE_OPTIONS = {}  # op -> AllreduceOptions
 for _name in ("sum", "prod", "min", "max"):
@@ -65,18 +65,17 @@ def _run(fn, t, opts):
     fn([t], opts).wait()
 
 
-class GlooComm(TorchComm):
-    """A communicator backed by a gloo process group."""
+class GlooBackend(TorchBackend):
+    """The hooks over a gloo process group."""
 
     #: gloo receives a message shorter than its buffer (nccl does not), so point-to-point data
     #: up to this size travels inside its header's message (spmd.comms.p2p.methods): one message, not
     #: two.  Up to torch_p2p's EAGER (64 KiB, header included), the size below which blocking
     #: sends return at once: each further gloo message cost about 450 us here.
-    _inline_bytes = EAGER - HEADER_BYTES
+    inline_bytes = EAGER - HEADER_BYTES
 
-    def __init__(self, backend, placement, device="cpu", group=None, ranks=None, timeout=None,
-                 monitor=None, store=None, caches=None):
-        super().__init__(backend, placement, device, group, ranks, timeout, monitor, store, caches)
+    def __init__(self, name="gloo", device="cpu", group=None, ranks=None, timeout=None, store=None, caches=None):
+        super().__init__(name, device, group, ranks, timeout, store, caches)
         self._pg = group if group is not None else dist.group.WORLD  # the process group object
         self._roots = {}  # root -> BroadcastOptions
 
@@ -93,29 +92,29 @@ class GlooComm(TorchComm):
             opts.rootRank, opts.rootTensor, opts.asyncOp = root, 0, False
         return opts
 
-    def _direct_broadcast(self, x, root):
+    def direct_broadcast(self, x, root):
         t = _plain(x)
         if t is None or self._pg is None:
             return None
         return _run, (self._pg.broadcast, t, self._broadcast_options(root))
 
-    def _direct_all_reduce(self, x, op):
+    def direct_all_reduce(self, x, op):
         opts = _REDUCE_OPTIONS.get(op) if type(op) is str else None
         t = None if opts is None else _plain(x)
         if t is None or self._pg is None:
             return None
         return _run, (self._pg.allreduce, t, opts)
 
-    def _direct_reduce(self, x, root, op):
+    def direct_reduce(self, x, root, op):
         t = _plain(x) if type(op) is str and op in _COMBINE else None
         if t is None or self._pg is None:
             return None
         return self._tree_reduce, (t, root, _COMBINE[op])
 
-    def _reduce(self, x, root, op, async_op):
+    def reduce(self, x, root, op, async_op):
         t = None if async_op or self._pg is None else _plain(x)
         if t is None or op not in _COMBINE and op != "avg":
-            return super()._reduce(x, root, op, async_op)
+            return super().reduce(x, root, op, async_op)
         self._tree_reduce(t, root, _COMBINE["sum" if op == "avg" else op])
         if op == "avg" and self.rank == root:
             t.div_(self.size)
@@ -158,7 +157,7 @@ class GlooComm(TorchComm):
 
     # -- scatter and gather, point to point ----------------------------------------
 
-    def _scatter(self, parts, whole, layout, root, out, async_op):
+    def scatter(self, parts, whole, layout, root, out, async_op):
         lengths, kind = layout.lengths, layout.kind
         mine = lengths[self.rank]
         if out is not None:
@@ -168,7 +167,7 @@ class GlooComm(TorchComm):
         works = []
         if self.rank == root:
             if parts is None:
-                parts = self._split(tensor(whole)[0], lengths)
+                parts = split_rows(tensor(whole)[0], lengths)
             for i, part in enumerate(parts):
                 t = tensor(part)[0]
                 if i == root:
@@ -180,13 +179,13 @@ class GlooComm(TorchComm):
         result = out if out is not None else as_kind(got, kind)
         return after(works, lambda: result, async_op)
 
-    def _gather(self, x, lengths, root, out, async_op):
+    def gather(self, x, lengths, root, out, async_op):
         t = tensor(x)[0]
         if self.rank != root:
             works = [dist.isend(t, group=self._group, group_dst=root, tag=P2P_TAG)] if lengths[self.rank] else []
             return after(works, lambda: None, async_op)
         full = tensor(out)[0] if out is not None else self._new_like(t, (sum(lengths),) + tuple(t.shape[1:]))
-        pieces = self._split(full, lengths)
+        pieces = split_rows(full, lengths)
         works = []
         for i, piece in enumerate(pieces):
             if i == root:
@@ -208,9 +207,9 @@ class GlooComm(TorchComm):
             work.wait()
         return work
 
-    def _allgather_ints(self, row):
+    def allgather_ints(self, row):
         if self._pg is None:
-            return super()._allgather_ints(row)
+            return super().allgather_ints(row)
         out = torch.empty((self.size, row.shape[0]), dtype=torch.int64)
         self._pg.allgather([list(out.unbind(0))], [torch.from_numpy(row)], AllgatherOptions()).wait()
         return out.numpy()

@@ -1,6 +1,6 @@
 """The nccl backend: CUDA tensors over torch.distributed's nccl process group.
 
-Every collective takes :class:`~spmd.comms.backends.torchdist.base.TorchComm`'s general
+Every collective takes :class:`~spmd.comms.backends.torchdist.backend.TorchBackend`'s general
 path (torch.distributed's functions keep nccl's stream handling); what
 nccl adds is where arrays must live.
 """
@@ -8,15 +8,15 @@ nccl adds is where arrays must live.
 import numpy as np
 
 from spmd.errors import CollectiveError
-from spmd.comms.backends.torchdist.base import TorchComm
+from spmd.comms.backends.torchdist.backend import TorchBackend
 
-__all__ = ["NcclComm"]
+__all__ = ["NcclBackend"]
 
 
-class NcclComm(TorchComm):
-    """A communicator backed by an nccl process group; arrays must be CUDA tensors."""
+class NcclBackend(TorchBackend):
+    """The hooks over an nccl process group; arrays must be CUDA tensors."""
 
-    def _check_device(self, x, what):
+    def check_device(self, x, what):
         if isinstance(x, np.ndarray) or x.device.type != "cuda":
             raise CollectiveError(
                 f"{what} is on the CPU but the nccl backend works on CUDA tensors; "
