@@ -43,7 +43,7 @@ from spmd.train.data_parallel import (
     load_checkpoint,
     save_checkpoint,
 )
-from spmd.train.wires import describe, parse_compress
+from spmd.train.compress import describe, parse_compress
 
 VOCAB = 32  # ordinary tokens 0..VOCAB-1 (the default of --vocab)
 MASK = VOCAB  # the [MASK] token: the vocabulary's size
@@ -284,7 +284,7 @@ def finish(o, model, first, loss, seconds):
 
 
 class CompressParam(click.ParamType):
-    """--compress: one dtype for every gradient, or pattern=dtype pairs (spmd.train.wires)."""
+    """--compress: one dtype for every gradient, or pattern=dtype pairs (spmd.train.compress)."""
 
     name = "none|fp16|bf16|PATTERN=DTYPE,..."
 

@@ -1,4 +1,4 @@
-"""``spmd repl``: a prompt whose every statement runs on N ranks (spmd.interactive.repl)."""
+"""``spmd repl``: a prompt whose every statement runs on N ranks (spmd.interactive.console)."""
 
 import sys
 
@@ -30,7 +30,7 @@ def repl(nprocs, backend, timeout, preload):
     %restart); docs/interactive.md is the reference.
     """
     from spmd.errors import LaunchError
-    from spmd.interactive.repl import main
+    from spmd.interactive.console import main
     from spmd.launch.forkserver.client import parse_modules
 
     try:

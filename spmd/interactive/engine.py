@@ -26,7 +26,7 @@ import threading
 import traceback
 from typing import Any
 
-from spmd.util import wire
+from spmd.util import pickled
 
 __all__ = ["Engine", "INPUT", "bundle"]
 
@@ -118,13 +118,13 @@ class Engine:
 
     def send(self, message: Any) -> None:
         with self._send_lock:
-            wire.send(self.sock, message)
+            pickled.send(self.sock, message)
 
     def _listen(self) -> None:
         from spmd.failfast.report import where
 
         while True:
-            message = wire.recv(self.sock)
+            message = pickled.recv(self.sock)
             if message is None:  # the host has gone: so does this rank
                 os._exit(0)
             if message == "where":
@@ -266,7 +266,7 @@ def main(sock: socket.socket) -> None:
     try:
         comm = init_watched()
     except BaseException as exc:
-        wire.send(sock, {"failed": _format(exc), "kind": type(exc).__name__})
+        pickled.send(sock, {"failed": _format(exc), "kind": type(exc).__name__})
         os._exit(1)
     engine = Engine(comm, sock)
     engine.send({"hello": os.getpid()})

@@ -12,7 +12,7 @@ import hmac
 import socket
 
 from spmd.runtime.jobstore import wire as challenge_wire
-from spmd.util import wire
+from spmd.util import pickled
 
 __all__ = ["admit", "connect", "WITHIN", "FRONT", "FRONT_SECRET"]
 
@@ -39,7 +39,7 @@ def admit(conn: socket.socket, secret: bytes) -> int | None:
         if not hmac.compare_digest(line, challenge_wire.answer(secret, nonce)):
             return None
         conn.settimeout(None)
-        said = wire.recv(conn)
+        said = pickled.recv(conn)
     except OSError:
         return None
     rank = said.get("rank") if isinstance(said, dict) else None
@@ -59,5 +59,5 @@ def connect(address: tuple[str, int], secret: bytes, rank: int) -> socket.socket
         raise ConnectionError(f"{address[0]}:{address[1]} is not this session's")
     sock.sendall(challenge_wire.answer(secret, greeting[len(challenge_wire.GREETING):].strip()))
     sock.settimeout(None)
-    wire.send(sock, {"rank": rank})
+    pickled.send(sock, {"rank": rank})
     return sock

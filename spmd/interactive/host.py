@@ -24,7 +24,7 @@ import time
 from typing import Any
 
 from spmd.interactive.watch import Rank, Watch
-from spmd.util import wire
+from spmd.util import pickled
 from spmd.util.words import ranks_text
 
 __all__ = ["Host", "main", "PRELOAD", "START_WITHIN"]
@@ -64,7 +64,7 @@ class Host:
         sys.stderr.flush()
         try:
             for r in range(self.size):
-                mine, theirs = wire.pair()
+                mine, theirs = pickled.pair()
                 pid = os.fork()
                 if pid == 0:  # pragma: no cover - the child never returns
                     mine.close()
@@ -86,7 +86,7 @@ class Host:
             for sock in select.select([r.sock for r in waiting], [], [], deadline - time.monotonic())[0]:
                 r = next(r for r in waiting if r.sock is sock)
                 waiting.remove(r)
-                message = wire.recv(r.sock)
+                message = pickled.recv(r.sock)
                 if message is None or "failed" in message:
                     failed[r.rank] = (message or {}).get("failed", "")
         for r in waiting:
@@ -128,7 +128,7 @@ class Host:
         targets = self._targets(request.get("ranks"))
         message = {"op": "run", "code": request["code"], "id": self.count, "rich": bool(request.get("rich"))}
         for r in targets:
-            wire.send(r.sock, message)
+            pickled.send(r.sock, message)
         return Watch(self, targets, request.get("timeout")).run()
 
     def _targets(self, ranks: list[int] | None) -> list[Rank]:
@@ -142,9 +142,9 @@ class Host:
         values, errors = {}, {}
         targets = self._targets(request.get("ranks"))
         for r in targets:
-            wire.send(r.sock, {"op": "pull", "name": request["name"]})
+            pickled.send(r.sock, {"op": "pull", "name": request["name"]})
         for r in targets:
-            reply = wire.recv(r.sock) or {"error": f"rank {r.rank} has gone"}
+            reply = pickled.recv(r.sock) or {"error": f"rank {r.rank} has gone"}
             if "value" in reply:
                 values[r.rank] = reply["value"]
             else:
@@ -156,16 +156,16 @@ class Host:
             return {"error": f"spmd: {self.dead}; restart the world first"}
         targets = self._targets(request.get("ranks"))
         for r in targets:
-            wire.send(r.sock, {"op": "push", "values": request["values"]})
+            pickled.send(r.sock, {"op": "push", "values": request["values"]})
         for r in targets:
-            wire.recv(r.sock)
+            pickled.recv(r.sock)
         return {"pushed": [r.rank for r in targets]}
 
     def serve(self) -> None:
         """Answer the front end until it closes its end or says stop."""
-        wire.send(self.front, self.start())
+        pickled.send(self.front, self.start())
         while True:
-            request = wire.recv(self.front)
+            request = pickled.recv(self.front)
             if request is None or request.get("op") == "stop":
                 return
             op = request.get("op")
@@ -181,7 +181,7 @@ class Host:
                 continue
             else:
                 reply = {"error": f"unknown request {op!r}"}
-            wire.send(self.front, reply)
+            pickled.send(self.front, reply)
 
 
 def _become(host: int, env: dict[str, str], sock: socket.socket) -> None:
@@ -218,7 +218,7 @@ def main(argv: list[str] | None = None) -> None:
         try:
             importlib.import_module(name)
         except ImportError as exc:
-            wire.send(front, {"error": f"--preload {name}: cannot import it ({exc})"})
+            pickled.send(front, {"error": f"--preload {name}: cannot import it ({exc})"})
             os._exit(1)
     host = Host(front, config["size"], config.get("backend"))
     try:

@@ -25,7 +25,7 @@ from spmd.interactive.handshake import FRONT, FRONT_SECRET, admit, connect
 from spmd.interactive.handshake import WITHIN as CONNECT_WITHIN
 from spmd.interactive.host import Host
 from spmd.interactive.watch import Rank
-from spmd.util import wire
+from spmd.util import pickled
 from spmd.util.words import ranks_text
 
 __all__ = ["LaunchedHost", "main"]
@@ -60,7 +60,7 @@ class LaunchedHost(Host):
                              f"within {CONNECT_WITHIN:g} s"}
         self.ranks = [Rank(r, None, found[r]) for r in range(self.size)]
         for r in self.ranks:
-            hello = wire.recv(r.sock)
+            hello = pickled.recv(r.sock)
             if hello is None or "hello" not in hello:
                 return {"error": f"spmd: rank {r.rank} did not start its engine"}
         return {"started": self.size, "seconds": time.monotonic() - began}
@@ -88,7 +88,7 @@ class LaunchedHost(Host):
         for r in self.ranks:  # the session is over: every engine leaves its loop
             if not r.gone:
                 try:
-                    wire.send(r.sock, {"op": "leave"})
+                    pickled.send(r.sock, {"op": "leave"})
                 except OSError:
                     pass
 
@@ -102,7 +102,7 @@ def _address(comm: Any) -> str:
 
 def _prompt(front: socket.socket, size: int, timeout: float | None) -> None:
     """Rank 0's prompt, in a thread: the REPL on the attached host; at its end the session stops."""
-    from spmd.interactive.repl import Console
+    from spmd.interactive.console import Console
     from spmd.interactive.session import Session
 
     session = Session.attached(front, size, timeout)
@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> None:
             front = connect((where, int(port)), bytes.fromhex(os.environ.get(FRONT_SECRET, "")), -1)
             host = LaunchedHost(front, comm.size, listener, secret)
         else:  # the prompt is here
-            front, theirs = wire.pair()
+            front, theirs = pickled.pair()
             host = LaunchedHost(theirs, comm.size, listener, secret)
             threading.Thread(target=_prompt, args=(front, comm.size, timeout), name="spmd-repl-prompt",
                              daemon=True).start()

@@ -19,7 +19,7 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class
 
 from spmd.errors import RanksError, SessionError
 from spmd.interactive.merge import render
-from spmd.interactive.repl import parse_ranks
+from spmd.interactive.console import parse_ranks
 from spmd.interactive.session import Session
 from spmd.util.words import span
 

@@ -5,7 +5,7 @@ its own, which imports torch once and forks the 4 ranks; ``run`` sends a
 block and waits for its merged reply.  A Ctrl-C (SIGINT: the terminal's,
 or a notebook's interrupt) while it waits is passed to the ranks as an
 interrupt, and the wait goes on until the host has stopped them.  The
-REPL (spmd.interactive.repl) and the magic (spmd.interactive.magic) are
+REPL (spmd.interactive.console) and the magic (spmd.interactive.magic) are
 thin front ends over this class; docs/interactive.md is the reference.
 """
 
@@ -24,7 +24,7 @@ from typing import Any
 
 from spmd.errors import SessionError
 from spmd.interactive.merge import render
-from spmd.util import wire
+from spmd.util import pickled
 from spmd.util.words import span
 
 __all__ = ["Session"]
@@ -61,7 +61,7 @@ class Session:
 
             self._proc, self._sock = launch(self.size)
         else:
-            self._sock, theirs = wire.pair()
+            self._sock, theirs = pickled.pair()
             config = {"size": self.size, "backend": self.backend, "preload": self._preload}
             self._proc = subprocess.Popen(
                 [sys.executable, "-m", "spmd.interactive.host", str(theirs.fileno()), json.dumps(config)],
@@ -91,7 +91,7 @@ class Session:
         while True:
             try:
                 select.select([self._sock], [], [])
-                reply = wire.recv(self._sock)
+                reply = pickled.recv(self._sock)
             except KeyboardInterrupt:
                 self.interrupt()
                 continue
@@ -106,7 +106,7 @@ class Session:
         self.interrupts += 1
         try:
             with self._send_lock:
-                wire.send(self._sock, {"op": "interrupt"})
+                pickled.send(self._sock, {"op": "interrupt"})
         except OSError:
             pass
 
@@ -114,7 +114,7 @@ class Session:
         if not self.alive:
             raise SessionError("the session has been stopped; start a new one")
         with self._send_lock:
-            wire.send(self._sock, request)
+            pickled.send(self._sock, request)
         return self._wait()
 
     # -- what a front end does -------------------------------------------------------
@@ -174,12 +174,12 @@ class Session:
         if self._proc is None:  # an attached host ends its ranks when told, then this end closes
             if self._sock.fileno() >= 0:
                 try:
-                    wire.send(self._sock, {"op": "stop"})
+                    pickled.send(self._sock, {"op": "stop"})
                 except OSError:
                     pass
         elif self._proc.poll() is None:
             try:
-                wire.send(self._sock, {"op": "stop"})
+                pickled.send(self._sock, {"op": "stop"})
             except OSError:
                 pass
             try:

@@ -17,7 +17,7 @@ import socket
 import time
 from typing import Any
 
-from spmd.util import wire
+from spmd.util import pickled
 from spmd.util.words import exit_text, ranks_text
 
 __all__ = ["Rank", "Watch", "GRACE", "ASK", "MARGIN"]
@@ -95,7 +95,7 @@ class Watch:
         ready = select.select(socks, [], [], None if wait is None else max(0.0, wait))[0]
         for sock in ready:
             if sock is self.host.front:
-                message = wire.recv(sock)
+                message = pickled.recv(sock)
                 if message is None:  # the front end has gone
                     self.host.end()
                     os._exit(0)
@@ -106,7 +106,7 @@ class Watch:
             self._read(r)
 
     def _read(self, r: Rank) -> None:
-        message = wire.recv(r.sock)
+        message = pickled.recv(r.sock)
         if message is None:
             r.reap()
             self.died.append(r)
@@ -124,7 +124,7 @@ class Watch:
     def _interrupt(self, why: str | None) -> None:
         for r in self.pending():
             try:
-                wire.send(r.sock, "interrupt")
+                pickled.send(r.sock, "interrupt")
             except OSError:
                 pass
         self.stop_by = time.monotonic() + GRACE
@@ -135,7 +135,7 @@ class Watch:
         for r in ranks:
             r.where = None
             try:
-                wire.send(r.sock, "where")
+                pickled.send(r.sock, "where")
             except OSError:
                 pass
         until = time.monotonic() + ASK

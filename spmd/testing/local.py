@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from spmd.util import wire
+from spmd.util import pickled
 from spmd.testing.marks import size_of, spec_of
 from spmd.testing.merge import merge, synthetic
 from spmd.testing.watch import ASK, GRACE, MARGIN
@@ -45,7 +45,7 @@ class RankServer:
 
     def start(self) -> str | None:
         """Start the server and wait until it is ready; return why it cannot serve, or None."""
-        mine, theirs = wire.pair()
+        mine, theirs = pickled.pair()
         env = dict(os.environ, SPMD_PYTEST_SERVER="1")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "spmd.testing.server", str(theirs.fileno()), *self._args()],
@@ -56,7 +56,7 @@ class RankServer:
         self.sock = mine
         mine.settimeout(STARTUP)
         try:
-            ready = wire.recv(mine)
+            ready = pickled.recv(mine)
         except OSError:
             ready = None
         mine.settimeout(None)
@@ -73,11 +73,11 @@ class RankServer:
             error = self.start()
             if error:
                 return {"error": error}
-        wire.send(self.sock, {"nodeid": nodeid, "size": size, "backend": backend, "timeout": timeout,
+        pickled.send(self.sock, {"nodeid": nodeid, "size": size, "backend": backend, "timeout": timeout,
                               "next": following})
         self.sock.settimeout(timeout + MARGIN + GRACE + 2 * ASK + 30.0)
         try:
-            result = wire.recv(self.sock)
+            result = pickled.recv(self.sock)
         except OSError:  # (socket.timeout) the server itself hangs
             result = None
         self.sock.settimeout(None)

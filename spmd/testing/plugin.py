@@ -6,7 +6,7 @@
 
 Under plain ``pytest`` each marked test runs on ranks forked for it
 (spmd.testing.local); under a launcher (``mpirun -n 8 pytest``) on
-sub-communicators of the world (spmd.testing.world).  docs/testing-your-code.md.
+sub-communicators of the world (spmd.testing.under_launcher).  docs/testing-your-code.md.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def pytest_configure(config: Any) -> None:
     from spmd.config.placement import detect
 
     if detect(os.environ).size > 1:
-        from spmd.testing.world import WorldRanks
+        from spmd.testing.under_launcher import WorldRanks
 
         config.pluginmanager.register(WorldRanks(config, timeout), "spmd-world")
     else:

@@ -28,7 +28,7 @@ from typing import Any, NoReturn
 
 from spmd.failfast.report import where
 from spmd.launch.supervise import child_env
-from spmd.util import wire
+from spmd.util import pickled
 from spmd.testing.frames import hide_spmd_frames
 from spmd.testing.tmp import share
 from spmd.testing.marks import COMM
@@ -61,14 +61,14 @@ class _Channel:
 
     def send(self, message: dict[str, Any]) -> None:
         with self._lock:
-            wire.send(self.sock, message)
+            pickled.send(self.sock, message)
 
     def watch(self, comm: Any) -> None:
         self._monitors = comm._mon.family
 
     def _answer(self) -> None:
         while True:
-            request = wire.recv(self.sock)
+            request = pickled.recv(self.sock)
             if request is None:  # the server has gone: nothing to report to
                 os._exit(70)
             if request == "leave":

@@ -30,7 +30,7 @@ from typing import Any
 from spmd.launch.forkserver.process import die_with, flush_std
 from spmd.runtime import secret as job_secret
 from spmd.testing import rank as rank_
-from spmd.util import wire
+from spmd.util import pickled
 from spmd.util.words import exit_text, ranks_text
 
 __all__ = ["World", "GRACE", "MARGIN", "ASK"]
@@ -93,7 +93,7 @@ def _fork(items: dict[str, Any], config: Any, size: int, backend: str, timeout: 
     os.environ[job_secret.ENV] = job_secret.new().decode()  # this world's, for its store (child_env keeps it)
     try:
         for r in range(size):
-            mine, theirs = wire.pair()
+            mine, theirs = pickled.pair()
             pid = os.fork()
             if pid == 0:
                 mine.close()
@@ -132,7 +132,7 @@ class _Watch:
         self.stacks: str | None = None
 
     def _read(self, r: _Rank, now: float) -> None:
-        message = wire.recv(r.sock)
+        message = pickled.recv(r.sock)
         if message is None:
             r.gone = True
             self.sel.unregister(r.sock)
@@ -163,7 +163,7 @@ class _Watch:
         for r in self.ranks:
             if r.ready and not r.gone:
                 try:
-                    wire.send(r.sock, "go")
+                    pickled.send(r.sock, "go")
                 except OSError:
                     pass
 
@@ -176,7 +176,7 @@ class _Watch:
         """Ask ranks where they are, then end them."""
         for r in ranks:
             try:
-                wire.send(r.sock, "where")
+                pickled.send(r.sock, "where")
             except OSError:
                 pass
         deadline = time.monotonic() + ASK
@@ -299,7 +299,7 @@ class World:
         for r in self.ranks:
             r.next_test()
             try:
-                wire.send(r.sock, {"test": nodeid, "next": following, "base": str(base), "fresh": self.fresh})
+                pickled.send(r.sock, {"test": nodeid, "next": following, "base": str(base), "fresh": self.fresh})
             except OSError:
                 pass
         watch = _Watch(self.ranks, self.timeout)
@@ -329,7 +329,7 @@ class World:
         for r in self.ranks:
             if not r.gone:
                 try:
-                    wire.send(r.sock, "leave")
+                    pickled.send(r.sock, "leave")
                 except OSError:
                     pass
         deadline = time.monotonic() + 2.0

@@ -188,7 +188,7 @@ def make_buckets(order: Sequence[torch.nn.Parameter], bucket_mb: float,
     """Group the parameters, taken in order, into buckets of about bucket_mb megabytes.
 
     compress: the wire dtype name of every gradient, or {id(parameter): name}
-    (spmd.train.wires.wire_names); a bucket holds gradients of one wire dtype.
+    (spmd.train.compress.dtype_names); a bucket holds gradients of one wire dtype.
     """
     if not isinstance(compress, Mapping):
         return [Bucket(i, [order[j] for j in idx], compress)

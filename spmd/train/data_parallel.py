@@ -26,16 +26,16 @@ import torch
 from spmd.errors import DataParallelError
 from spmd.train.buckets import auto_bucket_mb, broadcast_tensors, default_comm, plan_buckets
 from spmd.train.checkpoint import atomic_save, load_checkpoint, save_checkpoint
+from spmd.train.compress import check_compress, describe, dtype_names
 from spmd.train.overlap import Scheduler
-from spmd.train.rows import RowSender, RowWeight, embedding_weights
-from spmd.train.wires import check_compress, describe, wire_names
+from spmd.train.sparse_rows import RowSender, RowWeight, embedding_weights
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Mapping
 
     from spmd.comms.comm import Comm
     from spmd.train.buckets import Bucket
-    from spmd.train.wires import Compress
+    from spmd.train.compress import Compress
 
 __all__ = [
     "DataParallel",
@@ -60,11 +60,11 @@ class DataParallel:
     overlap: send each bucket from a gradient hook while backward runs.
     compress: None, "fp16" or "bf16": the dtype gradients travel in; or a
         mapping of parameter-name patterns to those, the rest uncompressed
-        (``{"tokens.*": "bf16"}``: spmd.train.wires).
+        (``{"tokens.*": "bf16"}``: spmd.train.compress).
     sparse_rows: send the gradient of every ``nn.Embedding`` (and
         ``nn.EmbeddingBag``) as the rows this step touched on each rank,
         gathered and summed in rank order, instead of the whole matrix
-        (spmd.train.rows; dense for a step where the rows would cost more).
+        (spmd.train.sparse_rows; dense for a step where the rows would cost more).
     accum_steps: micro-batches per optimizer step (see ``backward``).
     root: the rank whose parameters every rank starts from, and whose
         backward order the buckets follow with overlap.
@@ -86,9 +86,9 @@ class DataParallel:
         self.accum_steps = accum_steps
         self.root = root
         self.params = [p for p in model.parameters() if p.requires_grad]
-        wires = wire_names(model, self.compress)
+        dtypes = dtype_names(model, self.compress)
         tables = embedding_weights(model) if self.sparse_rows else []
-        self._rows = RowSender(self.comm, [RowWeight(n, p, sparse, wires[id(p)]) for n, p, sparse in tables],
+        self._rows = RowSender(self.comm, [RowWeight(n, p, sparse, dtypes[id(p)]) for n, p, sparse in tables],
                                self.divisor)
         as_rows = {id(p) for _, p, _ in tables}
         bucketed = [p for p in self.params if id(p) not in as_rows]
@@ -96,7 +96,7 @@ class DataParallel:
             crowded = getattr(self.comm, "local_size", 1) > (os.cpu_count() or 1)
             bucket_mb = auto_bucket_mb(bucketed, self.overlap, crowded)
         self.bucket_mb = bucket_mb
-        self._scheduler = Scheduler(self.comm, bucketed, bucket_mb=bucket_mb, compress=wires,
+        self._scheduler = Scheduler(self.comm, bucketed, bucket_mb=bucket_mb, compress=dtypes,
                                     divisor=self.divisor, root=root)
         self._micro = 0
         self._check_same_model()
@@ -116,8 +116,8 @@ class DataParallel:
 
     @property
     def wire_bytes_of_rows(self) -> float:
-        """Bytes this rank sent for the row weights in the last step (spmd.train.rows.RowSender.wire_bytes)."""
-        return self._rows.wire_bytes
+        """Bytes this rank sent for the row weights in the last step (spmd.train.sparse_rows.RowSender.bytes_sent)."""
+        return self._rows.bytes_sent
 
     def __repr__(self) -> str:
         rows = f", {len(self.row_weights)} sent as rows" if self.sparse_rows else ""

@@ -6,7 +6,7 @@ import pytest
 
 from spmd.errors import SessionError
 from spmd.interactive.merge import merged, render, where_report
-from spmd.interactive.repl import parse_ranks
+from spmd.interactive.console import parse_ranks
 from spmd.util.words import span
 
 pytestmark = pytest.mark.unit

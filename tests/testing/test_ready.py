@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from spmd.util import wire
+from spmd.util import pickled
 from spmd.testing.watch import _Rank, _Watch
 
 pytestmark = pytest.mark.unit
@@ -18,7 +18,7 @@ class _Ranks:
 
     def __init__(self, n):
         self.procs = [subprocess.Popen(["sleep", "60"]) for _ in range(n)]
-        pairs = [wire.pair() for _ in range(n)]
+        pairs = [pickled.pair() for _ in range(n)]
         self.ranks = [_Rank(r, p.pid, mine) for r, (p, (mine, _)) in enumerate(zip(self.procs, pairs))]
         self.theirs = [theirs for _, theirs in pairs]
         for r in self.ranks:
@@ -30,7 +30,7 @@ class _Ranks:
     def said_go(self, r, within):
         if not select.select([self.theirs[r]], [], [], within)[0]:
             return False
-        return wire.recv(self.theirs[r]) == "go"
+        return pickled.recv(self.theirs[r]) == "go"
 
     def end(self):
         for p in self.procs:
@@ -45,13 +45,13 @@ def test_no_rank_starts_before_every_rank_is_ready():
     world = _Ranks(3)
     try:
         for r in (0, 1):
-            wire.send(world.theirs[r], {"ready": True})
+            pickled.send(world.theirs[r], {"ready": True})
         early = world.said_go(0, 0.3) or world.said_go(1, 0.0)
         assert not early, "a rank was told to start while rank 2 was not ready"
-        wire.send(world.theirs[2], {"ready": True})
+        pickled.send(world.theirs[2], {"ready": True})
         assert all(world.said_go(r, 10) for r in range(3))
         for r in range(3):
-            wire.send(world.theirs[r], {"done": True, "dirty": False, "world_dirty": False})
+            pickled.send(world.theirs[r], {"done": True, "dirty": False, "world_dirty": False})
     finally:
         world.end()
     assert world.watch.why is None
@@ -60,14 +60,14 @@ def test_no_rank_starts_before_every_rank_is_ready():
 def test_a_rank_that_failed_its_setup_or_died_lets_the_others_start():
     world = _Ranks(3)
     try:
-        wire.send(world.theirs[0], {"ready": True})
-        wire.send(world.theirs[1], {"done": True})  # its setup failed: it reported and finished
+        pickled.send(world.theirs[0], {"ready": True})
+        pickled.send(world.theirs[1], {"done": True})  # its setup failed: it reported and finished
         assert not world.said_go(0, 0.3), "rank 0 was told to start while rank 2 was neither ready nor gone"
         world.procs[2].kill()
         world.theirs[2].close()
         assert world.said_go(0, 10)
         assert not world.said_go(1, 0.3), "a rank that finished was told to start"
-        wire.send(world.theirs[0], {"done": True})
+        pickled.send(world.theirs[0], {"done": True})
     finally:
         world.end()
     assert world.ranks[2].gone and world.ranks[2].status == -9

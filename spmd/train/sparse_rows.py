@@ -53,13 +53,13 @@ class RowWeight:
 
     sparse: its module makes sparse gradients (``sparse=True``): the average
     is one too, of the rows some rank touched, and it never goes dense (as
-    DDP, which sends sparse gradients as they are).  wire: the dtype name
+    DDP, which sends sparse gradients as they are).  dtype: the dtype name
     its rows travel in (None: its own).
     """
 
-    def __init__(self, name: str, param: nn.Parameter, sparse: bool, wire: str | None) -> None:
+    def __init__(self, name: str, param: nn.Parameter, sparse: bool, dtype: str | None) -> None:
         self.name, self.param, self.sparse = name, param, sparse
-        self.wire = COMPRESS[wire] if param.is_floating_point() else None
+        self.sent_dtype = COMPRESS[dtype] if param.is_floating_point() else None
         self.rows = 0  # rows this rank sent in the last step
         self.dense = False  # whether the last step sent the whole matrix instead
 
@@ -88,11 +88,11 @@ class RowSender:
         self.crossover = CROSSOVER.get(getattr(comm, "backend", ""), CROSSOVER_DEFAULT)
         # Bytes this rank sent for them in the last step: an all_gather sends its part to each of the
         # n-1 others, a ring all_reduce 2 (n-1)/n of the buffer.
-        self.wire_bytes = 0.0
+        self.bytes_sent = 0.0
 
     def synchronize(self) -> None:
         """Average every weight's gradient over the ranks (collective: the same calls on every rank)."""
-        self.wire_bytes = 0.0
+        self.bytes_sent = 0.0
         if not self.weights:
             return
         mine = [w.touched() for w in self.weights]
@@ -101,7 +101,7 @@ class RowSender:
         every = torch.stack(self.comm.all_gather(counts.reshape(-1), equal=True))
         every = every.reshape(self.comm.size, len(self.weights), 2)
         others = self.comm.size - 1
-        self.wire_bytes += others * counts.nbytes
+        self.bytes_sent += others * counts.nbytes
         for i, (w, t) in enumerate(zip(self.weights, mine)):
             if not every[:, i, 1].any():
                 continue  # no rank has a gradient: it stays None, as DataParallel leaves unused parameters
@@ -114,7 +114,7 @@ class RowSender:
     def _goes_dense(self, w: RowWeight, top: int) -> bool:
         """Whether the padded rows would cost more than CROSSOVER times a ring all_reduce of the matrix."""
         p, size = w.param, self.comm.size
-        esize = w.wire.itemsize if w.wire is not None else p.element_size()
+        esize = w.sent_dtype.itemsize if w.sent_dtype is not None else p.element_size()
         rows_bytes = size * top * (p.shape[1] * esize + 8)
         ring_bytes = 2 * (size - 1) / size * p.numel() * esize
         w.dense = not w.sparse and rows_bytes > self.crossover * ring_bytes
@@ -124,14 +124,14 @@ class RowSender:
         p, top = w.param, max(rows)
         w.rows = rows[self.comm.rank]
         idx = torch.zeros(top, dtype=torch.int64)
-        vals = torch.zeros((top, p.shape[1]), dtype=p.dtype if w.wire is None else w.wire)
+        vals = torch.zeros((top, p.shape[1]), dtype=p.dtype if w.sent_dtype is None else w.sent_dtype)
         if t is not None and w.rows:
             idx[:w.rows] = t[0]
             # compressed: divided before casting down, so that the sum stays within range
-            vals[:w.rows] = t[1] if w.wire is None else t[1] / self.divisor
+            vals[:w.rows] = t[1] if w.sent_dtype is None else t[1] / self.divisor
         all_idx = self.comm.all_gather(idx, equal=True)
         all_vals = self.comm.all_gather(vals, equal=True)
-        self.wire_bytes += (self.comm.size - 1) * (idx.nbytes + vals.nbytes)
+        self.bytes_sent += (self.comm.size - 1) * (idx.nbytes + vals.nbytes)
         # The sums of the rows some rank touched, one per such row (sorted), in rank order: the
         # same bits on every rank.  Nothing of the size of the matrix is made or read.
         touched = torch.cat([all_idx[r][:k] for r, k in enumerate(rows)]).unique()
@@ -139,7 +139,7 @@ class RowSender:
         for r, k in enumerate(rows):
             if k:
                 sums.index_add_(0, torch.searchsorted(touched, all_idx[r][:k]), all_vals[r][:k].to(p.dtype))
-        if w.wire is None:
+        if w.sent_dtype is None:
             sums.div_(self.divisor)
         if w.sparse:
             p.grad = torch.sparse_coo_tensor(touched.unsqueeze(0), sums, p.shape, check_invariants=False,
@@ -154,14 +154,14 @@ class RowSender:
         p = w.param
         w.rows = 0
         g = p.grad if p.grad is not None else torch.zeros_like(p)
-        if w.wire is not None:
-            wire = (g / self.divisor).to(w.wire)
-            self.comm.all_reduce(wire)
-            self.wire_bytes += _ring(wire.nbytes, self.comm.size)
-            g.copy_(wire)
+        if w.sent_dtype is not None:
+            sent = (g / self.divisor).to(w.sent_dtype)
+            self.comm.all_reduce(sent)
+            self.bytes_sent += _ring(sent.nbytes, self.comm.size)
+            g.copy_(sent)
         else:
             self.comm.all_reduce(g)
-            self.wire_bytes += _ring(g.nbytes, self.comm.size)
+            self.bytes_sent += _ring(g.nbytes, self.comm.size)
             g.div_(self.divisor)
         p.grad = g
 

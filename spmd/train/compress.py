@@ -20,9 +20,9 @@ from spmd.train.buckets import COMPRESS
 if TYPE_CHECKING:
     from torch import nn
 
-__all__ = ["Compress", "check_compress", "wire_names", "parse_compress", "describe"]
+__all__ = ["Compress", "check_compress", "dtype_names", "parse_compress", "describe"]
 
-#: What ``compress`` accepts: one wire dtype name for every gradient, or patterns -> names.
+#: What ``compress`` accepts: one dtype name for every gradient, or patterns -> names.
 Compress = Union[str, None, Mapping[str, Union[str, None]]]
 
 _NAMES = "None, 'none', 'fp16' or 'bf16'"
@@ -32,12 +32,12 @@ def check_compress(compress: Compress) -> str | None | dict[str, str | None]:
     """Return compress in one form (None for 'none'), or raise DataParallelError naming what is wrong."""
     if isinstance(compress, Mapping):
         out = {}
-        for pattern, wire in compress.items():
+        for pattern, dtype in compress.items():
             if not isinstance(pattern, str) or not pattern:
                 raise DataParallelError(f"compress: a pattern must be a non-empty string, got {pattern!r}")
-            if wire not in COMPRESS:
-                raise DataParallelError(f"compress: {pattern!r} maps to {wire!r}; use {_NAMES}")
-            out[pattern] = None if wire == "none" else wire
+            if dtype not in COMPRESS:
+                raise DataParallelError(f"compress: {pattern!r} maps to {dtype!r}; use {_NAMES}")
+            out[pattern] = None if dtype == "none" else dtype
         return out
     if compress not in COMPRESS:
         raise DataParallelError(
@@ -46,8 +46,8 @@ def check_compress(compress: Compress) -> str | None | dict[str, str | None]:
     return None if compress == "none" else compress
 
 
-def wire_names(model: nn.Module, compress: Compress) -> dict[int, str | None]:
-    """{id(parameter): wire dtype name or None} for model's trainable parameters.
+def dtype_names(model: nn.Module, compress: Compress) -> dict[int, str | None]:
+    """{id(parameter): the name of the dtype its gradient travels in, or None} of the trainable parameters.
 
     Raises if a pattern matches no trainable parameter (a typo would
     otherwise compress nothing without a word), naming some that exist.
@@ -72,10 +72,10 @@ def parse_compress(text: str) -> str | None | dict[str, str | None]:
         return check_compress(text)
     out = {}
     for part in text.split(","):
-        pattern, sep, wire = part.strip().rpartition("=")
+        pattern, sep, dtype = part.strip().rpartition("=")
         if not sep or not pattern:
             raise DataParallelError(f"{part.strip()!r} is not pattern=dtype (for example tokens.*=bf16)")
-        out[pattern] = wire
+        out[pattern] = dtype
     return check_compress(out)
 
 

@@ -1,10 +1,10 @@
-"""spmd.train.rows (DataParallel(sparse_rows=True)) and spmd.train.wires (compress per parameter), in-process.
+"""spmd.train.sparse_rows (DataParallel(sparse_rows=True)) and spmd.train.compress (per parameter), in-process.
 
 Ranks are threads of this process (tests.support.run_ranks); each rank's
 batch touches different rows of the embedding.  Sparse rows must give the
 same averages as the dense all_reduce (to float rounding: the rows are
 summed in another order) and the same bits on every rank.  Real jobs under
-launchers are in test_rows_jobs.py.
+launchers are in test_sparse_rows_jobs.py.
 """
 
 import copy
@@ -15,7 +15,7 @@ from torch import nn
 
 from spmd.errors import DataParallelError
 from spmd.train.data_parallel import DataParallel
-from spmd.train.wires import describe, parse_compress
+from spmd.train.compress import describe, parse_compress
 from tests.support import ranks_ok, run_ranks
 
 pytestmark = pytest.mark.unit
