@@ -6,7 +6,7 @@ For each fraction of the rows touched per rank (each rank its own rows),
 times ``RowSender.synchronize`` forced to send rows and forced to send the
 matrix (one all_reduce), alternating, median of the repeats; rank 0 prints
 ``ROWS_BENCH {json}``: per fraction, ms of each and the choice spmd's byte
-rule (``spmd.train.rows.CROSSOVER`` of the backend) makes.
+rule (``spmd.train.sparse_rows.CROSSOVER`` of the backend) makes.
 """
 
 import json
@@ -23,13 +23,13 @@ def run(o):
 
     import spmd
     from spmd import comm
-    from spmd.train import rows
+    from spmd.train import sparse_rows
 
     spmd.init()
     torch.set_num_threads(1)
     table = nn.Parameter(torch.zeros(o["vocab"], o["width"]))
-    weight = rows.RowWeight("tokens.weight", table, False, None)
-    sender = rows.RowSender(comm, [weight], comm.size)
+    weight = sparse_rows.RowWeight("tokens.weight", table, False, None)
+    sender = sparse_rows.RowSender(comm, [weight], comm.size)
     g = torch.Generator().manual_seed(comm.rank)
     rule = sender.crossover
     out = []

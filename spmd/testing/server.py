@@ -22,7 +22,7 @@ import pytest
 
 from spmd.launch.forkserver.process import die_with, end_now
 from spmd.launch.forkserver.safety import probe
-from spmd.util import wire
+from spmd.util import pickled
 
 __all__ = ["main", "Serving", "PRELOAD"]
 
@@ -105,20 +105,20 @@ def serve(session: Any, sock: socket.socket) -> None:
     items = {item.nodeid: item for item in session.items}
     refused = _preload()
     base = Path(session.config._tmp_path_factory.getbasetemp())
-    wire.send(sock, {"ready": True, "pid": os.getpid(), "refused": refused})
+    pickled.send(sock, {"ready": True, "pid": os.getpid(), "refused": refused})
     worlds: dict[tuple[int, str, float], World] = {}
     count = 0
     try:
         while True:
-            request = wire.recv(sock)
+            request = pickled.recv(sock)
             if request is None:
                 return
             if request["nodeid"] not in items:
-                wire.send(sock, {"error": f"the rank server did not collect {request['nodeid']!r} "
+                pickled.send(sock, {"error": f"the rank server did not collect {request['nodeid']!r} "
                                           "(its collection differs from this session's)"})
                 continue
             if refused:
-                wire.send(sock, {"error": refused})
+                pickled.send(sock, {"error": refused})
                 continue
             count += 1
             key = (request["size"], request["backend"], request["timeout"])
@@ -135,7 +135,7 @@ def serve(session: Any, sock: socket.socket) -> None:
                 worlds[key] = world  # the most recently used last
             else:
                 world.end()
-            wire.send(sock, result)
+            pickled.send(sock, result)
     finally:
         for world in worlds.values():
             world.end()
@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> None:
     code = pytest.main(list(argv[1:]), plugins=[plugin, _Silence()])
     if not plugin.served:
         try:
-            wire.send(sock, {"ready": False, "error": f"the rank server's pytest ended before serving "
+            pickled.send(sock, {"ready": False, "error": f"the rank server's pytest ended before serving "
                                                       f"(exit status {int(code)}): see its output above"})
         except OSError:
             pass

@@ -52,7 +52,7 @@ def test_the_summary_takes_medians_and_the_target_compares_with_the_best_ddp():
 @pytest.mark.launcher
 @pytest.mark.timeout(400)
 def test_a_tiny_run_of_every_case_sends_fewer_bytes_as_rows():
-    backends = ("gloo",)  # (mpi's rows: tests/train/test_rows_jobs.py; each launch here costs seconds)
+    backends = ("gloo",)  # (mpi's rows: tests/train/test_sparse_rows_jobs.py; each launch here costs seconds)
     rows = rb.measure(ranks=(2,), backends=backends, repeats=1, steps=2, warmup=1,
                       model={"vocab": 3000, "dim": 32, "layers": 1, "global_batch": 16})
     got = {r["case"]: r for r in rows}
