@@ -18,7 +18,7 @@ import struct
 import threading
 import time
 
-from spmd.runtime.jobstore.wire import answer, recv_exactly
+from spmd.runtime.jobstore.frames import answer, recv_exactly
 
 __all__ = ["LinkServer", "send_for", "clock_offset", "pairings", "ANSWER_WITHIN", "GREETING"]
 

@@ -1,6 +1,6 @@
 """How a rank's engine, or a launched session's host, proves to whom it connects that it belongs.
 
-The listener sends a challenge line (spmd.runtime.jobstore.wire's, as the
+The listener sends a challenge line (spmd.runtime.jobstore.frames', as the
 job store does); the connecting side answers with the HMAC of its nonce
 under the session's secret, then says which rank it is (-1: the host, to
 a notebook's front end).  Anyone else is closed unread.
@@ -11,7 +11,7 @@ from __future__ import annotations
 import hmac
 import socket
 
-from spmd.runtime.jobstore import wire as challenge_wire
+from spmd.runtime.jobstore import frames as challenge_wire
 from spmd.util import wire
 
 __all__ = ["admit", "connect", "WITHIN", "FRONT", "FRONT_SECRET"]

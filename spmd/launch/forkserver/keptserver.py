@@ -2,7 +2,7 @@
 
 It imports MODULES once, reports on the pipe FD, listens on the socket PATH
 and forks a *session* per launch, which serves that launch's ranks as a
-non-kept server does (spmd.launch.forkserver.server's ``serve``, watching
+non-kept server does (spmd.launch.forkserver.forker's ``serve``, watching
 the connection); it exits once idle for SECONDS, when a watched file has
 changed, or when its socket file is removed.  docs/preload.md ("Keeping the
 server", "The kept server's protocol") is the reference.
@@ -25,7 +25,7 @@ from spmd.launch.forkserver.kept import CHECK_SECONDS, changed, lock_path, snaps
 from spmd.launch.forkserver.process import end_now, flush_std, record_preloaded
 from spmd.launch.forkserver.protocol import recv, tell
 from spmd.launch.forkserver.safety import load
-from spmd.launch.forkserver.server import serve
+from spmd.launch.forkserver.forker import serve
 
 __all__ = ["main"]
 

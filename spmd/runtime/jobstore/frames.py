@@ -1,4 +1,4 @@
-"""The job store's wire format, written once for both sides.
+"""The job store's frames (requests and answers) and its handshake, written once for both sides.
 
 A connection opens with the server's challenge, ``SPMD-STORE 1 <nonce>``,
 and the client's answer, the HMAC-SHA256 of the nonce under the job's

@@ -3,7 +3,7 @@
 Only connections that open with the job's secret count: anything else is
 dropped, and no input ends the serve thread (docs/reliability.md, "The
 hub's threat model").  What to answer is the judge's (``judge.py``); the
-words are the protocol's (``protocol.py``).
+words are the hub's messages (``messages.py``).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 
 from spmd.failfast import report
 from spmd.failfast.abort import PEER_EXIT
-from spmd.failfast.hub import protocol as wire
+from spmd.failfast.hub import messages
 from spmd.failfast.hub.base import Hub, Reply
 from spmd.failfast.hub.judge import Gathering, Verdicts, death
 from spmd.failfast.hub.peers import Peers
@@ -43,17 +43,17 @@ class HubServer(Hub):
     def __init__(self, rank: int, size: int, share: Callable[[str | None], str], local_only: bool,
                  timeout: float, monitors: Sequence[Any] = (), host: str | None = None) -> None:
         super().__init__(rank, size, share, local_only, timeout, monitors)
-        self._server, host = wire.listen(local_only, size, host)
+        self._server, host = messages.listen(local_only, size, host)
         self._server.setblocking(False)
-        self._secret = wire.new_secret()
+        self._secret = messages.new_secret()
         #: (host, port) where the hub listens, as the other ranks are told.
         self.address = (host, self._server.getsockname()[1])
-        share(wire.invitation(host, self.address[1], self._secret))
+        share(messages.invitation(host, self.address[1], self._secret))
         self._peers = Peers()
         self._aborted = False  # the job was ended (a rank failed or died): a late greeting hears ABORT
         # The rest is the serve thread's alone.
         self._pending: dict[socket.socket, float] = {}  # socket -> deadline for its greeting, oldest first
-        self._readers: dict[socket.socket, wire.Reader] = {}  # every open connection's
+        self._readers: dict[socket.socket, messages.Reader] = {}  # every open connection's
         self._met: set[int] = set()  # ranks that ever presented the secret
         self._noted: set[str] = set()  # kinds of junk already reported on stderr
         self._requests: collections.deque[Callable[[], None]] = collections.deque()  # rank 0's own, for this thread
@@ -119,7 +119,7 @@ class HubServer(Hub):
                 return
             conn.setblocking(False)
             self._pending[conn] = time.monotonic() + HELLO_WITHIN
-            self._readers[conn] = wire.Reader()
+            self._readers[conn] = messages.Reader()
             self._sel.register(conn, selectors.EVENT_READ)
             while len(self._pending) > MAX_PENDING:
                 self._note("flood", f"the fail-fast hub held {MAX_PENDING} connections that had not greeted it "
@@ -155,43 +155,43 @@ class HubServer(Hub):
             return
         reader = self._readers[conn]
         for kind, got in reader.feed(data):
-            if kind is wire.TOO_LONG:
+            if kind is messages.TOO_LONG:
                 self._drop(conn)
                 return
-            if kind is wire.PAYLOAD:
+            if kind is messages.PAYLOAD:
                 self._stack(conn, got)
             else:
                 self._message(conn, reader, got)
             if conn not in self._readers:  # the message closed it
                 return
 
-    def _message(self, conn: socket.socket, reader: wire.Reader, line: bytes) -> None:
+    def _message(self, conn: socket.socket, reader: messages.Reader, line: bytes) -> None:
         rank = self._peers.rank_of(conn)
         if rank is None:  # its first line, and the only one it may send: HELLO <rank> <secret>
             self._hello(conn, line)
             return
-        said = wire.rank_says(line)
+        said = messages.rank_says(line)
         if said is None:
             self._note("word", f"the fail-fast hub ignored a message from rank {rank}: {line[:40]!r}")
-        elif said[0] == wire.FAIL:
+        elif said[0] == messages.FAIL:
             self._abort_all(None)
-        elif said[0] == wire.BYE:
+        elif said[0] == messages.BYE:
             self._peers.remove(conn)
-        elif said[0] == wire.ERR:
-            self._failed(rank, said[1], Reply(lambda lead: self._peers.write(conn, wire.verdict(rank, lead))))
-        elif said[0] == wire.WHERE:
-            answer = Reply(lambda text: self._peers.write(conn, wire.report(text), 2.0))  # its thread reads at once
+        elif said[0] == messages.ERR:
+            self._failed(rank, said[1], Reply(lambda lead: self._peers.write(conn, messages.verdict(rank, lead))))
+        elif said[0] == messages.WHERE:
+            answer = Reply(lambda text: self._peers.write(conn, messages.report(text), 2.0))  # its thread reads at once
             self._ask_stacks(rank, said[1], said[2], answer)
         else:  # STACK <n>: n bytes of its answer to STACKS follow
             reader.expect(said[1])
 
     def _hello(self, conn: socket.socket, line: bytes) -> None:
-        rank, wrong = wire.check_hello(line, self.size, self._secret)
+        rank, wrong = messages.check_hello(line, self.size, self._secret)
         if wrong == "hello":
-            self._note("hello", f"the fail-fast hub closed a connection from {wire.peer_name(conn)} that did not "
+            self._note("hello", f"the fail-fast hub closed a connection from {messages.peer_name(conn)} that did not "
                                 "greet it as a rank does")
         elif wrong == "secret":
-            self._note("secret", f"the fail-fast hub closed a connection from {wire.peer_name(conn)} with a wrong "
+            self._note("secret", f"the fail-fast hub closed a connection from {messages.peer_name(conn)} with a wrong "
                                  "secret")
         if rank is None:
             self._drop(conn)
@@ -200,7 +200,7 @@ class HubServer(Hub):
         self._peers.add(conn, rank)
         self._met.add(rank)
         if self._aborted:  # it greets after the job was ended: it must hear so too
-            self._peers.write(conn, wire.line(wire.ABORT))
+            self._peers.write(conn, messages.line(messages.ABORT))
 
     def _lost(self, conn: socket.socket) -> None:
         """The other end closed conn: a death if it was a rank that had not said BYE."""
@@ -252,9 +252,9 @@ class HubServer(Hub):
         if text is not None:
             waiter.set(text)
             return
-        if self._stacks.ask(waiter, wire.REASONS[reason].format(rank), wait, now,
+        if self._stacks.ask(waiter, messages.REASONS[reason].format(rank), wait, now,
                             lambda: report.where(0, self.monitors)):
-            self._peers.tell_all(wire.line(wire.STACKS))
+            self._peers.tell_all(messages.line(messages.STACKS))
         if self._stacks.complete():
             self._end_gather()
 
@@ -284,7 +284,7 @@ class HubServer(Hub):
 
     def _abort_all(self, message: str | None) -> None:
         self._closing = self._aborted = True
-        self._peers.tell_all(wire.line(wire.ABORT))
+        self._peers.tell_all(messages.line(messages.ABORT))
         self._end(PEER_EXIT, f"### spmd: {message}; ending the job" if message else None)
 
     def _finish(self) -> None:
@@ -296,7 +296,7 @@ class HubServer(Hub):
             self._accept()
             while self._pending and len(self._met) < self.size - 1 and time.monotonic() < deadline:
                 self._step(0.05)
-            self._peers.tell_all(wire.line(wire.BYE))
+            self._peers.tell_all(messages.line(messages.BYE))
         finally:
             for conn in list(self._readers):
                 self._drop(conn)
@@ -317,7 +317,7 @@ class HubServer(Hub):
     def fail(self) -> None:
         """Tell every rank that this one failed (it prints its own traceback)."""
         self._closing = self._aborted = True
-        self._peers.tell_all(wire.line(wire.ABORT))
+        self._peers.tell_all(messages.line(messages.ABORT))
 
     def close(self) -> None:
         """Leave normally: say BYE, so that no rank takes it for a death."""

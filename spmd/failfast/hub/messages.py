@@ -1,4 +1,4 @@
-"""The fail-fast hub's wire format, written once for both sides (docs/reliability.md, "The hub's protocol").
+"""The fail-fast hub's messages, written once for both sides (docs/reliability.md, "The hub's protocol").
 
 Every message is one line of at most MAX_LINE bytes; ``STACK <n>`` and
 ``REPORT <n>`` announce n bytes of payload after their line.  A connection

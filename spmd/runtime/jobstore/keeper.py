@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 
-from spmd.runtime.jobstore import wire
+from spmd.runtime.jobstore import frames
 
 __all__ = ["StoreServer", "bind", "HELLO_WITHIN", "MAX_PENDING"]
 
@@ -24,7 +24,7 @@ __all__ = ["StoreServer", "bind", "HELLO_WITHIN", "MAX_PENDING"]
 HELLO_WITHIN = 5.0
 #: Connections that have not answered yet, at most; beyond, the oldest is closed.
 MAX_PENDING = 64
-_WAITS = {wire.OPS["get"], wire.OPS["wait"], wire.OPS["multi_get"]}
+_WAITS = {frames.OPS["get"], frames.OPS["wait"], frames.OPS["multi_get"]}
 
 
 def bind(addr: str, port: int, backlog: int) -> socket.socket:
@@ -54,7 +54,7 @@ class _Conn:
         self.sock, self.nonce = sock, nonce
         self.deadline: float | None = time.monotonic() + HELLO_WITHIN
         self.hello = bytearray()
-        self.frames = wire.Frames()
+        self.frames = frames.Frames()
         self.out = bytearray()
 
 
@@ -127,7 +127,7 @@ class StoreServer:
                 self._note("accept", f"spmd: the job store could not accept a connection ({exc})")
                 return
             sock.setblocking(False)
-            greeting, nonce = wire.challenge()
+            greeting, nonce = frames.challenge()
             conn = _Conn(sock, nonce)
             self._conns[sock] = conn
             self._sel.register(sock, selectors.EVENT_READ)
@@ -152,12 +152,12 @@ class StoreServer:
 
     def _serve_frames(self, conn: _Conn, data: bytes) -> None:
         try:
-            frames = conn.frames.feed(data)
+            got = conn.frames.feed(data)
         except OverflowError as exc:
             self._note("frame", f"spmd: the job store closed a member's connection after {exc}")
             self._drop(conn)
             return
-        for code, fields in frames:
+        for code, fields in got:
             self._request(conn, code, fields)
 
     def _greet(self, conn: _Conn, data: bytes) -> None:
@@ -167,7 +167,7 @@ class StoreServer:
                 self._refuse(conn, "sent something else than the answer")
             return
         line, rest = bytes(conn.hello).split(b"\n", 1)
-        if not hmac.compare_digest(line + b"\n", wire.answer(self._secret, conn.nonce)):
+        if not hmac.compare_digest(line + b"\n", frames.answer(self._secret, conn.nonce)):
             self._refuse(conn, "did not prove it belongs to the job")
             return
         conn.deadline, conn.hello = None, bytearray()
@@ -217,43 +217,43 @@ class StoreServer:
                 self._send(conn, reply)
 
     def _answer(self, code: int, f: list[bytes]) -> bytes | None:  # noqa: C901 - one branch per operation
-        data, ops = self._data, wire.OPS
+        data, ops = self._data, frames.OPS
         try:
             if code == ops["set"]:
                 data[f[0]] = f[1]
             elif code == ops["get"]:
-                return wire.frame(wire.OK, data[f[0]]) if f[0] in data else None
+                return frames.frame(frames.OK, data[f[0]]) if f[0] in data else None
             elif code == ops["add"]:
                 value = int(data.get(f[0], b"0")) + int(f[1])
                 data[f[0]] = str(value).encode()
-                return wire.frame(wire.OK, data[f[0]])
+                return frames.frame(frames.OK, data[f[0]])
             elif code == ops["compare_set"]:
                 key, expected, desired = f
                 if (key not in data and expected == b"") or data.get(key) == expected:
                     data[key] = desired
-                return wire.frame(wire.OK, data.get(key, expected))
+                return frames.frame(frames.OK, data.get(key, expected))
             elif code == ops["check"]:
-                return wire.frame(wire.OK, b"1" if all(k in data for k in f) else b"0")
+                return frames.frame(frames.OK, b"1" if all(k in data for k in f) else b"0")
             elif code in (ops["wait"], ops["multi_get"]):
                 if not all(k in data for k in f):
                     return None
-                return wire.frame(wire.OK, *([data[k] for k in f] if code == ops["multi_get"] else []))
+                return frames.frame(frames.OK, *([data[k] for k in f] if code == ops["multi_get"] else []))
             elif code == ops["delete_key"]:
-                return wire.frame(wire.OK, b"1" if data.pop(f[0], None) is not None else b"0")
+                return frames.frame(frames.OK, b"1" if data.pop(f[0], None) is not None else b"0")
             elif code == ops["num_keys"]:
-                return wire.frame(wire.OK, str(len(data)).encode())
+                return frames.frame(frames.OK, str(len(data)).encode())
             elif code == ops["append"]:
                 data[f[0]] = data.get(f[0], b"") + f[1]
             elif code == ops["list_keys"]:
-                return wire.frame(wire.OK, *data)
+                return frames.frame(frames.OK, *data)
             elif code == ops["multi_set"]:
                 half = len(f) // 2
                 data.update(zip(f[:half], f[half:]))
             else:
-                return wire.frame(wire.BAD, f"unknown operation {code}".encode())
+                return frames.frame(frames.BAD, f"unknown operation {code}".encode())
         except (IndexError, ValueError) as exc:
-            return wire.frame(wire.BAD, f"malformed request: {exc}".encode())
-        return wire.frame(wire.OK)
+            return frames.frame(frames.BAD, f"malformed request: {exc}".encode())
+        return frames.frame(frames.OK)
 
     def _send(self, conn: _Conn, data: bytes) -> None:
         conn.out += data

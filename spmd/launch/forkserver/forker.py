@@ -1,4 +1,4 @@
-"""The fork server of ``spmd run --preload``: ``python -m spmd.launch.forkserver.server FD MODULES``.
+"""The fork server of ``spmd run --preload``: ``python -m spmd.launch.forkserver.forker FD MODULES``.
 
 It imports MODULES in its only thread, checks that forking is safe
 (spmd.launch.forkserver.safety), tells the launcher it is ready on the
@@ -154,6 +154,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from spmd.launch.forkserver.server import main as _main  # the module's own globals, not __main__'s
+    from spmd.launch.forkserver.forker import main as _main  # the module's own globals, not __main__'s
 
     sys.exit(_main())
