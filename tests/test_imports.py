@@ -175,6 +175,8 @@ def test_no_import_cycle():
     assert not fixed, f"no longer a cycle, remove from KNOWN: {fixed}"
 
 
+#: The authenticated servers' thread, which the hub's rank 0 side is.
+AUTHSERVER = {"spmd.util", "spmd.util.authserver"}
 #: The fail-fast hub's own modules.
 HUB = {f"spmd.failfast.hub.{m}" for m in ("base", "client", "judge", "peers", "messages", "relay", "share")}
 
@@ -182,8 +184,8 @@ HUB = {f"spmd.failfast.hub.{m}" for m in ("base", "client", "judge", "peers", "m
 @pytest.mark.parametrize("module, allowed", [
     ("spmd.config.settings", {"spmd.errors", "spmd.util", "spmd.util.units"}),
     ("spmd.failfast.abort", {"spmd.errors", "spmd.config", "spmd.config.placement", "spmd.failfast.report"}),
-    ("spmd.failfast.hub", {"spmd.failfast.abort", "spmd.failfast.report", *HUB}),
-    ("spmd.failfast.hub.relay", {"spmd.failfast.abort", "spmd.failfast.report", *HUB}),
+    ("spmd.failfast.hub", {"spmd.failfast.abort", "spmd.failfast.report", *HUB, *AUTHSERVER}),
+    ("spmd.failfast.hub.relay", {"spmd.failfast.abort", "spmd.failfast.report", *HUB, *AUTHSERVER}),
     ("spmd.failfast.hub.judge", {"spmd.failfast.report", "spmd.failfast.hub.messages"}),  # no sockets, no threads
     ("spmd.failfast.mpi_timeout", {"spmd.failfast.abort", "spmd.failfast.calls"}),
     ("spmd.failfast.report", {"spmd.failfast.calls", "spmd.util", "spmd.util.paths", "spmd.util.words"}),

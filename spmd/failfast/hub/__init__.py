@@ -19,8 +19,9 @@ from spmd.failfast.hub.base import Hub, Reply
 from spmd.failfast.hub.client import HubClient
 from spmd.failfast.hub.judge import WINDOW
 from spmd.failfast.hub.messages import MAX_LINE
-from spmd.failfast.hub.relay import MAX_PENDING, HubServer
+from spmd.failfast.hub.relay import HubServer
 from spmd.failfast.hub.share import store_share
+from spmd.util.authserver import MAX_PENDING
 
 __all__ = ["open_hub", "Hub", "HubServer", "HubClient", "Reply", "store_share", "PEER_EXIT", "WINDOW", "MAX_LINE",
            "MAX_PENDING"]

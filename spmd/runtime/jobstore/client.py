@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from spmd.errors import RendezvousError
 from spmd.runtime.jobstore import frames
+from spmd.util.authserver import answer
 
 __all__ = ["JobStore"]
 
@@ -63,7 +64,7 @@ class JobStore(dist.Store):
             if not greeting.startswith(frames.GREETING):
                 sock.close()
                 raise RendezvousError(f"{host}:{port} is not spmd's job store (it said {greeting[:40]!r})")
-            sock.sendall(frames.answer(self._secret, greeting[len(frames.GREETING):].strip()))
+            sock.sendall(answer(self._secret, greeting[len(frames.GREETING):].strip()))
         except OSError as exc:
             error = RendezvousError(f"could not reach the job store at {host}:{port} ({exc}); check that "
                                     "rank 0 started and that the address is reachable from this host")
