@@ -8,6 +8,7 @@ import pytest
 
 from spmd.util import authserver
 from spmd.util.authserver import MAX_GREETING, MAX_PENDING, AuthServer, answer, bind, challenge, is_wildcard
+from tests.failfast.test_hub import wait_for
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
 
@@ -85,15 +86,6 @@ def closed_within(sock, seconds):
     except OSError:  # reset: closed too
         return time.monotonic() - began
     return None
-
-
-def wait_for(predicate, seconds=5.0):
-    deadline = time.monotonic() + seconds
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
 
 
 def test_a_right_greeting_is_admitted_and_what_follows_it_is_served(echo):
