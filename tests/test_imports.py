@@ -175,16 +175,18 @@ def test_no_import_cycle():
     assert not fixed, f"no longer a cycle, remove from KNOWN: {fixed}"
 
 
+#: The authenticated servers' thread, which the hub's rank 0 side is.
+AUTHSERVER = {"spmd.util", "spmd.util.authserver"}
 #: The fail-fast hub's own modules.
-HUB = {f"spmd.failfast.hub.{m}" for m in ("base", "client", "judge", "peers", "protocol", "server", "share")}
+HUB = {f"spmd.failfast.hub.{m}" for m in ("base", "client", "judge", "peers", "messages", "relay", "share")}
 
 
 @pytest.mark.parametrize("module, allowed", [
     ("spmd.config.settings", {"spmd.errors", "spmd.util", "spmd.util.units"}),
     ("spmd.failfast.abort", {"spmd.errors", "spmd.config", "spmd.config.placement", "spmd.failfast.report"}),
-    ("spmd.failfast.hub", {"spmd.failfast.abort", "spmd.failfast.report", *HUB}),
-    ("spmd.failfast.hub.server", {"spmd.failfast.abort", "spmd.failfast.report", *HUB}),
-    ("spmd.failfast.hub.judge", {"spmd.failfast.report", "spmd.failfast.hub.protocol"}),  # no sockets, no threads
+    ("spmd.failfast.hub", {"spmd.failfast.abort", "spmd.failfast.report", *HUB, *AUTHSERVER}),
+    ("spmd.failfast.hub.relay", {"spmd.failfast.abort", "spmd.failfast.report", *HUB, *AUTHSERVER}),
+    ("spmd.failfast.hub.judge", {"spmd.failfast.report", "spmd.failfast.hub.messages"}),  # no sockets, no threads
     ("spmd.failfast.mpi_timeout", {"spmd.failfast.abort", "spmd.failfast.calls"}),
     ("spmd.failfast.report", {"spmd.failfast.calls", "spmd.util", "spmd.util.paths", "spmd.util.words"}),
     ("spmd.runtime.proxy", {"spmd.runtime.start", "spmd.comms", "spmd.comms.comm"}),

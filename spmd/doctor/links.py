@@ -18,7 +18,8 @@ import struct
 import threading
 import time
 
-from spmd.runtime.jobstore.wire import answer, recv_exactly
+from spmd.runtime.jobstore.frames import recv_exactly
+from spmd.util.authserver import answer
 
 __all__ = ["LinkServer", "send_for", "clock_offset", "pairings", "ANSWER_WITHIN", "GREETING"]
 

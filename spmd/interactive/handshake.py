@@ -1,7 +1,7 @@
 """How a rank's engine, or a launched session's host, proves to whom it connects that it belongs.
 
-The listener sends a challenge line (spmd.runtime.jobstore.wire's, as the
-job store does); the connecting side answers with the HMAC of its nonce
+The listener sends a challenge line (spmd.util.authserver's, with the
+job store's GREETING); the connecting side answers with the HMAC of its nonce
 under the session's secret, then says which rank it is (-1: the host, to
 a notebook's front end).  Anyone else is closed unread.
 """
@@ -11,7 +11,8 @@ from __future__ import annotations
 import hmac
 import socket
 
-from spmd.runtime.jobstore import wire as challenge_wire
+from spmd.runtime.jobstore.frames import GREETING
+from spmd.util.authserver import answer, challenge
 from spmd.util import pickled
 
 __all__ = ["admit", "connect", "WITHIN", "FRONT", "FRONT_SECRET"]
@@ -26,7 +27,7 @@ FRONT_SECRET = "SPMD_REPL_FRONT_SECRET"
 
 def admit(conn: socket.socket, secret: bytes) -> int | None:
     """The rank a connection says it is, once it answered the challenge; None for anyone else."""
-    greeting, nonce = challenge_wire.challenge()
+    greeting, nonce = challenge(GREETING)
     try:
         conn.settimeout(5.0)
         conn.sendall(greeting)
@@ -36,7 +37,7 @@ def admit(conn: socket.socket, secret: bytes) -> int | None:
             if not chunk:
                 return None
             line += chunk
-        if not hmac.compare_digest(line, challenge_wire.answer(secret, nonce)):
+        if not hmac.compare_digest(line, answer(secret, nonce)):
             return None
         conn.settimeout(None)
         said = pickled.recv(conn)
@@ -55,9 +56,9 @@ def connect(address: tuple[str, int], secret: bytes, rank: int) -> socket.socket
         if not chunk:
             break
         greeting += chunk
-    if not greeting.startswith(challenge_wire.GREETING):
+    if not greeting.startswith(GREETING):
         raise ConnectionError(f"{address[0]}:{address[1]} is not this session's")
-    sock.sendall(challenge_wire.answer(secret, greeting[len(challenge_wire.GREETING):].strip()))
+    sock.sendall(answer(secret, greeting[len(GREETING):].strip()))
     sock.settimeout(None)
     pickled.send(sock, {"rank": rank})
     return sock

@@ -1,15 +1,16 @@
 """Every rank's side of a pipeline run: agree on the modes, run the rounds, finish together.
 
-:class:`Ranks` is one rank's run: every rank reports what it has and
-they all decide the same read mode, checksum and balance
+:class:`Ranks` is what every rank does alike: every rank reports what it
+has and they all decide the same read mode, checksum and balance
 (:meth:`Ranks.agree`, :mod:`spmd.pipeline.agree`); then each round goes
 through named steps (:meth:`Ranks.one_round`): read ahead, get this
 rank's rows, apply fn, write them or send them to root, exchange a
 Status with every rank so that a failure anywhere is raised alike
 everywhere (:func:`check_statuses`), root's checks, the tally, the
 balance and a preemption. At the end every rank syncs and closes its
-rows before root puts the output in place. Root's books are
-:class:`spmd.pipeline.root.Root`'s, asked for through its methods.
+rows before root puts the output in place. What differs by role is a
+method of Ranks that :mod:`spmd.pipeline.roles` overrides: root's part
+(its books, :class:`spmd.pipeline.root.Root`) and another rank's.
 """
 
 from __future__ import annotations
@@ -27,27 +28,72 @@ from spmd.pipeline.progress import PerRank
 from spmd.pipeline.rounds import Reader, Status, apply, describe
 from spmd.runtime import preempt
 
-__all__ = ["Ranks", "check_statuses", "raise_pending"]
+__all__ = ["Ranks", "check_statuses", "raise_pending", "open_rows", "root_writes"]
 
 
 class Ranks:
-    """One rank's side of a pipeline run: agree on the modes, then the rounds, then the end.
+    """One rank's side of a pipeline run, what every rank does alike: agree on the modes, the rounds, the end.
 
-    books is root's :class:`spmd.pipeline.root.Root` on root and None
-    elsewhere; root is root's rank.
+    root is root's rank.  Made by :func:`spmd.pipeline.roles.one_rank`, as its RootRank or its OtherRank.
     """
 
-    def __init__(self, comm, fn, root, books, plan, lap, options):
-        self.comm, self.fn, self.root, self.books, self.plan, self.lap = comm, fn, root, books, plan, lap
+    def __init__(self, comm, fn, root, plan, options):
+        self.comm, self.fn, self.root, self.plan = comm, fn, root, plan
         self.options = options
         self.verify, self.overlap = options.verify, options.overlap
         self.rank, self.size = comm.rank, comm.size
-        self.src = books.src if books else None
+        self.src = None
         self.reader = self.rows_writer = None
         self.read_mode, self.write_mode, self.notes = "root", None, []
         self.layout = self.empty = None  # the output's (dtype, row shape); an empty block of output rows
         self.per_rank = PerRank(self.size)
         self.rounds, self.mark = 0, 0.0
+
+    # -- what each role does its own way --
+
+    def lap(self, step):
+        """Time the step just done (root's timings; another rank keeps none)."""
+
+    def reads(self):
+        """Whether this rank reads from the source, once the read mode is agreed."""
+        raise NotImplementedError
+
+    def reads_whole(self):
+        """Whether this rank reads every row of a round (root where it reads for all, or verifies)."""
+        return False
+
+    def own_rows(self, span, block):
+        """This rank's rows of the block it read."""
+        return block
+
+    def receive(self, span):
+        """read 'root': root scatters the round; return (this rank's share, seconds spent waiting for root)."""
+        raise NotImplementedError
+
+    def news(self):
+        """The failure root keeps, to tell every rank in this round's Status (None elsewhere)."""
+        return None
+
+    def output_ticket(self, dtype, row_shape, start, parallel):
+        """Make the .npy output (root): ("ok", ticket), ("root", why) or ("error", text); None elsewhere."""
+        return None
+
+    def open_writer(self, ticket):
+        """This rank's writer of the output's rows: (writer, None) or (None, why it cannot)."""
+        raise NotImplementedError
+
+    def release_writer(self):
+        """Root writes after all: let go of this rank's writer."""
+
+    def gather_into(self, span):
+        """Where root gathers the round's output (None elsewhere)."""
+        return None
+
+    def book(self, span, statuses, got):
+        """Root's books of a round: the checks, the output, the journal (nothing elsewhere)."""
+
+    def drain(self):
+        """Wait for root's writes of the rounds done (nothing elsewhere)."""
 
     # -- before the first round --
 
@@ -65,8 +111,7 @@ class Ranks:
         self.budgets = agree.budgets(reports)
         self.planner = Planner(self.options.balance, self.size, self.plan.chunk, self.plan.in_row_bytes,
                                self.budgets, self.plan.grid)
-        reading = self.read_mode == "parallel" or self.rank == self.root
-        self.reader = Reader(self.src.read, self.overlap) if reading else None
+        self.reader = Reader(self.src.read, self.overlap) if self.reads() else None
 
     # -- the rounds --
 
@@ -96,8 +141,7 @@ class Ranks:
         out, statuses = self.process(span)
         self.learn_layout(span, statuses, out)
         got = self.gather(span, out)
-        if self.books:
-            self.books.finish_round(span, statuses, got, self.crc, self.read_mode == "root")
+        self.book(span, statuses, got)
         self.tally(statuses)
         self.stop_if_preempted(span, statuses)
         return nxt
@@ -112,10 +156,10 @@ class Ranks:
         return nxt
 
     def request(self, span):
-        """Ask for this rank's rows of span (all of them where root reads them or verifies)."""
+        """Ask for this rank's rows of span (all of them where it reads them for every rank or verifies)."""
         if self.reader is None:
             return
-        if self.read_mode == "root" or self.verify and self.rank == self.root:
+        if self.reads_whole():
             self.reader.request(span.start, span.stop)
         else:
             self.reader.request(*span.rows_of(self.rank))
@@ -126,10 +170,10 @@ class Ranks:
         Returns (fn's output or None, every rank's Status); raises alike
         on every rank if anything failed anywhere.
         """
-        t0 = time.perf_counter()
-        part, error = self.obtain(span)
-        # waiting for root's scatter is root's time, not this rank's
-        waited = time.perf_counter() - t0 if self.read_mode == "root" and not self.books else 0.0
+        if self.read_mode == "parallel":
+            (part, error), waited = self.read_own(span), 0.0
+        else:
+            (part, waited), error = self.receive(span), None  # waiting for root's scatter is root's time
         if error is None:
             out, fail, in_crc, out_crc, secs = apply(self.fn, part, self.crc)
             error = fail and ("fn", fail)
@@ -143,56 +187,22 @@ class Ranks:
         mine = self.status(out, error, in_crc, out_crc, secs, busy, span.shares[self.rank])
         statuses = self.comm.all_gather_object(mine)
         self.mark = time.perf_counter()
-        if self.books:
-            self.lap("process")
+        self.lap("process")
         check_statuses(statuses, span.start, span.stop, self.size, self.root)
         return out, statuses
 
-    def obtain(self, span):
-        """Return (this rank's block, an error reading it or None) for the round span."""
-        if self.read_mode == "parallel":
-            return self.read_own(span)
-        return self.receive(span), None
-
     def read_own(self, span):
-        """read 'parallel': take this rank's rows from the reader (root takes all of them to verify)."""
+        """read 'parallel': take this rank's rows from the reader (all of them where it reads whole)."""
         done = self.reader.take()
-        books = self.books
-        if books:
-            self.lap("load")
+        self.lap("load")
         a, b = span.start, span.stop
         if done.error:
             return self.plan.no_rows(), ("read", done.error)
         block = done.value
-        whole = self.verify and books is not None
-        want = span.rows if whole else span.shares[self.rank]
+        want = span.rows if self.reads_whole() else span.shares[self.rank]
         if block.shape[0] != want or tuple(block.shape[1:]) != self.plan.row_shape:
             return self.plan.no_rows(), ("read", f"reading rows {a} to {b} gave shape {block.shape}")
-        if not whole:
-            return block, None
-        books.keep(block)
-        off = span.offset(self.rank)
-        return block[off : off + span.shares[self.rank]], None
-
-    def receive(self, span):
-        """read 'root': root takes the round from its reader and scatters it; return this rank's share."""
-        books, parts = self.books, None
-        if books:
-            done = self.reader.take()
-            self.lap("load")
-            block = done.value
-            if done.error:
-                books.fail(done.error)
-            elif block.shape[0] != span.rows or tuple(block.shape[1:]) != self.plan.row_shape:
-                books.fail(f"reading rows {span.start} to {span.stop} gave shape {block.shape}")
-            elif books.pending is None:
-                parts = books.share_out(block, span.shares, self.crc)
-                self.lap("check")
-        raise_pending(self.comm.broadcast_object(books.pending if books else None, self.root), self.root)
-        part = self.comm.scatter(parts, self.root)
-        if books:
-            self.lap("scatter")
-        return part
+        return self.own_rows(span, block), None
 
     def write_own(self, span, out):
         """Write this rank's output rows at their offsets; return an error or None."""
@@ -211,9 +221,8 @@ class Ranks:
     def status(self, out, error, in_crc, out_crc, seconds, busy, rows):
         """This rank's Status for the round (on root with the failure it keeps, if any)."""
         shape, dtype = (tuple(out.shape[1:]), str(out.dtype)) if out is not None else ((), "")
-        return Status(error=error, pending=self.books.news() if self.books else None, rows=rows, in_crc=in_crc,
-                      row_shape=shape, dtype=dtype, out_crc=out_crc, seconds=seconds, busy=busy,
-                      preempted=preempt.flagged())
+        return Status(error=error, pending=self.news(), rows=rows, in_crc=in_crc, row_shape=shape, dtype=dtype,
+                      out_crc=out_crc, seconds=seconds, busy=busy, preempted=preempt.flagged())
 
     def learn_layout(self, span, statuses, out):
         """The output's row layout from the first round; make a .npy output then, and write this round's rows."""
@@ -229,16 +238,9 @@ class Ranks:
 
     def start_writing(self, dtype, row_shape, start):
         """Make the .npy output (root) and decide who writes it: every rank at its offsets, or root."""
-        comm, books, write = self.comm, self.books, self.options.write
+        comm, write = self.comm, self.options.write
         parallel = write != "root" and not self.verify
-        msg = None
-        if books:
-            try:
-                made = books.start_output(dtype, row_shape, start, self.crc.name)
-                msg = ("ok", made) if parallel and made else ("root", getattr(books.sink, "why_root", None))
-            except Exception as exc:
-                msg = ("error", describe(exc))
-        msg = comm.broadcast_object(msg, self.root)
+        msg = comm.broadcast_object(self.output_ticket(dtype, row_shape, start, parallel), self.root)
         if msg[0] == "error":
             raise PipelineError(f"pipeline: on rank {self.root}: making the output: {msg[1]}")
         self.layout = (np.dtype(dtype), tuple(row_shape))
@@ -246,7 +248,7 @@ class Ranks:
             self.notes += root_writes(msg[1], write, self.size)
             self.write_mode = "root"
             return
-        self.rows_writer, error = (books.sink.writer, None) if books else open_rows(msg[1])
+        self.rows_writer, error = self.open_writer(msg[1])
         bad = [(r, e) for r, e in enumerate(comm.all_gather_object(error)) if e]
         if not bad:
             self.write_mode = "parallel"
@@ -255,8 +257,7 @@ class Ranks:
             raise PipelineError(f"pipeline: write='parallel' is impossible: rank {bad[0][0]} cannot write "
                                 f"the output ({bad[0][1]}); pass write='auto' to have root write it")
         self.notes.append(f"root writes: rank {bad[0][0]} cannot open the output ({bad[0][1]})")
-        if not books and self.rows_writer is not None:
-            self.rows_writer.close(sync=False)
+        self.release_writer()
         self.rows_writer = None
         self.write_mode = "root"
 
@@ -264,12 +265,8 @@ class Ranks:
         """Gather the round's output to root unless every rank wrote its own; return root's blocks."""
         if self.write_mode == "parallel":
             return None
-        books = self.books
-        # into one round-sized array on root: no concatenation
-        into = np.empty((span.rows,) + self.empty.shape[1:], self.empty.dtype) if books else None
-        got = self.comm.gather(out, self.root, out=into)
-        if books:
-            self.lap("gather")
+        got = self.comm.gather(out, self.root, out=self.gather_into(span))  # into one round-sized array on root
+        self.lap("gather")
         return got
 
     def tally(self, statuses):
@@ -282,8 +279,7 @@ class Ranks:
     def stop_if_preempted(self, span, statuses):
         """A resumable run stops after a round in which any rank was told of a preemption."""
         if self.plan.resume and any(s.preempted for s in statuses):
-            if self.books:
-                self.books.drain()
+            self.drain()
             raise PipelinePreempted(
                 f"pipeline: preempted after row {span.stop} of {self.plan.rows}; {self.plan.journal} records "
                 "the rounds done: run the same command with resume=True (--resume) to continue")
@@ -291,44 +287,24 @@ class Ranks:
     # -- after the last round --
 
     def finish(self):
-        """Sync and close every rank's output rows, then root puts the output in place."""
-        comm, books, rows = self.comm, self.books, self.plan.rows
-        error = None
-        if self.rows_writer is not None and not books:
-            try:
-                self.rows_writer.close()
-            except Exception as exc:
-                error = ("write", f"closing the output: {describe(exc)}")
-            self.rows_writer = None
-        if books:
-            books.drain()
-        mine = self.status(None, error, 0, 0, 0.0, 0.0, 0)
-        check_statuses(comm.all_gather_object(mine), rows, rows, self.size, self.root)
-        if not books:
-            raise_pending(comm.broadcast_object(None, self.root), self.root)
-            return None
-        written = books.finish_output(self.empty if self.empty is not None else self.plan.no_rows())
-        raise_pending(comm.broadcast_object(books.pending, self.root), self.root)
-        return written
+        """Sync and close every rank's output rows, then root puts the output in place; root's output."""
+        raise NotImplementedError
+
+    def closed_alike(self, error):
+        """Every rank says how closing its rows went; raise alike if any failed."""
+        rows = self.plan.rows
+        check_statuses(self.comm.all_gather_object(self.status(None, error, 0, 0, 0.0, 0.0, 0)), rows, rows,
+                       self.size, self.root)
 
     def abandon(self):
         """After a failure: stop the threads, leave no half-written output and no file open."""
         if self.reader is not None:
             self.reader.close()
-        if self.rows_writer is not None and not self.books:
-            try:
-                self.rows_writer.close(sync=self.plan.resume)
-            except OSError:
-                pass
-        if self.books:
-            self.books.abandon()
 
     def close(self):
-        """After a run: stop the reader and root's writer threads."""
+        """After a run: stop the reader (and root's writer threads)."""
         if self.reader is not None:
             self.reader.close()
-        if self.books:
-            self.books.close()
 
 
 def open_rows(ticket):

@@ -25,7 +25,7 @@ from spmd.pipeline.journal import journal_path
 from spmd.pipeline.outputs import Output
 from spmd.pipeline.plan import Options
 from spmd.pipeline.progress import PHASES, Laps, Result
-from spmd.pipeline.ranks import Ranks
+from spmd.pipeline.roles import one_rank
 from spmd.pipeline.root import Root
 from spmd.pipeline.rounds import describe
 from spmd.pipeline.sources import ArraySource, CsvSource, NpySource, ShardSource, SyntheticTable, open_source
@@ -133,7 +133,7 @@ def pipeline(fn: Callable[[Any], Any], source: Any, *, output: Any = None, chunk
     if reply[0] != "ok":
         raise _ERRORS[reply[2]](f"pipeline: on rank {root}: {reply[1]}")
     plan = replace(reply[1], journal=journal_path(output) if reply[1].positional else None)
-    run = Ranks(comm, fn, root, books, plan, lap, options)
+    run = one_rank(comm, fn, root, books, plan, lap, options)
     try:
         run.agree()
         run.rounds_loop()

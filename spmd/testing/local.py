@@ -1,6 +1,6 @@
 """Plain ``pytest``: the controller's side, which runs each marked test on forked ranks.
 
-``RankServer`` starts the fork server (spmd.testing.server) once, at the
+``RankServer`` starts the fork server (spmd.testing.collected) once, at the
 first marked test, with this session's arguments, and asks it to run one
 test at a time; ``LocalRanks`` is the plugin that sends each marked test
 there and logs pytest's reports of it, merged from its ranks' reports
@@ -48,7 +48,7 @@ class RankServer:
         mine, theirs = pickled.pair()
         env = dict(os.environ, SPMD_PYTEST_SERVER="1")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "spmd.testing.server", str(theirs.fileno()), *self._args()],
+            [sys.executable, "-m", "spmd.testing.collected", str(theirs.fileno()), *self._args()],
             pass_fds=[theirs.fileno()], cwd=self.config.invocation_params.dir, env=env,
             stdin=subprocess.DEVNULL, start_new_session=True,
         )

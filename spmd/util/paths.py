@@ -15,7 +15,7 @@ PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: ``python -m RUNNER script.py``: every rank's entry point (spmd.runtime.runner).
 RUNNER = "spmd"
 #: The fork server of ``spmd run --preload`` and the one kept across launches.
-FORK_SERVER = "spmd.launch.forkserver.server"
+FORK_SERVER = "spmd.launch.forkserver.forker"
 KEPT_SERVER = "spmd.launch.forkserver.keptserver"
 #: The benchmark's own launches.
 BENCH = "spmd.cli.bench"

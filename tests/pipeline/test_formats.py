@@ -326,7 +326,7 @@ def test_a_rank_finishes_importing_the_format_before_it_waits_for_roots_open(tmp
     import time
     from types import SimpleNamespace
 
-    from spmd.pipeline import run as run_module
+    from spmd.pipeline import ranks as ranks_module
     from spmd.pipeline.formats import extra
 
     events = []
@@ -338,14 +338,14 @@ def test_a_rank_finishes_importing_the_format_before_it_waits_for_roots_open(tmp
             events.append(("imported", threading.current_thread().name))
         return real(name)
 
-    made = run_module.Ranks.__init__
+    made = ranks_module.Ranks.__init__
 
     def past_reply(self, comm, *args):
         events.append(("past the reply", threading.current_thread().name, comm.rank))
         made(self, comm, *args)
 
     monkeypatch.setattr(extra, "importlib", SimpleNamespace(import_module=slow_import))
-    monkeypatch.setattr(run_module.Ranks, "__init__", past_reply)
+    monkeypatch.setattr(ranks_module.Ranks, "__init__", past_reply)
     src = _parquet(tmp_path / "in.parquet", TABLE, 1000)
     results, errors, _ = at_three(lambda comm: pipeline(_mlp, src if comm.rank == 0 else None, comm=comm,
                                                         chunk_rows=1500))

@@ -9,7 +9,8 @@ from spmd.errors import PipelineError
 from spmd.pipeline import checksum
 from spmd.pipeline.plan import Options, Span
 from spmd.pipeline.progress import Laps
-from spmd.pipeline.ranks import Ranks, check_statuses, raise_pending
+from spmd.pipeline.ranks import check_statuses, raise_pending
+from spmd.pipeline.roles import OtherRank, RootRank, one_rank
 from spmd.pipeline.root import Root
 from spmd.pipeline.rounds import Status
 from spmd.pipeline.run import pipeline
@@ -84,7 +85,7 @@ def a_run(rows=10, chunk=4, start=0):
     comm, options, lap = open_comm("serial", None), Options(overlap=False), Laps()
     books = Root(comm, lambda b: b, options, lap)
     reply = books.open(SyntheticTable(rows, 2), None, chunk, None, "root", False, None)
-    run = Ranks(comm, lambda b: b, 0, books, replace(reply[1], start=start), lap, options)
+    run = one_rank(comm, lambda b: b, 0, books, replace(reply[1], start=start), lap, options)
     run.agree()
     return run
 

@@ -9,7 +9,8 @@ import pytest
 import torch.distributed as dist
 
 from spmd.errors import RendezvousError
-from spmd.runtime.jobstore import JobStore, StoreServer, bind, server as server_mod, wire
+from spmd.runtime.jobstore import JobStore, StoreServer, bind, frames
+from spmd.util.authserver import MAX_PENDING, answer, is_wildcard
 
 pytestmark = pytest.mark.unit
 
@@ -25,8 +26,8 @@ def served():
 
 def test_it_binds_one_interface_never_a_wildcard(served):
     assert served.address[0] == "127.0.0.1"
-    assert not server_mod.is_wildcard(served.address[0]) and server_mod.is_wildcard("0.0.0.0")
-    assert server_mod.is_wildcard("::")
+    assert not is_wildcard(served.address[0]) and is_wildcard("0.0.0.0")
+    assert is_wildcard("::")
 
 
 def test_every_operation_answers_as_torchs_own_store_does(served):
@@ -89,14 +90,14 @@ def test_torchs_tcpstore_client_and_a_request_before_the_answer_get_nothing(serv
     with pytest.raises(Exception):  # noqa: B017 - torch's DistStoreError or RuntimeError
         dist.TCPStore(*served.address, None, False, timedelta(seconds=2), wait_for_workers=False)
     with socket.create_connection(served.address, timeout=5) as raw:
-        assert raw.recv(64).startswith(wire.GREETING)
-        raw.sendall(wire.frame(wire.OPS["get"], b"spmd/hub") + b"\n")
+        assert raw.recv(64).startswith(frames.GREETING)
+        raw.sendall(frames.frame(frames.OPS["get"], b"spmd/hub") + b"\n")
         assert raw.recv(64) == b""  # closed, nothing answered
     assert JobStore(served.address, SECRET, 2).get("spmd/hub") == b"secret invitation"
 
 
 def test_silent_strangers_are_closed_and_cannot_crowd_a_member_out(served, monkeypatch):
-    held = [socket.create_connection(served.address) for _ in range(server_mod.MAX_PENDING + 20)]
+    held = [socket.create_connection(served.address) for _ in range(MAX_PENDING + 20)]
     try:
         store = JobStore(served.address, SECRET, 5)
         store.set("k", "v")  # the oldest silent ones made room
@@ -119,8 +120,8 @@ def test_an_oversized_frame_closes_only_that_connection(served):
     member = JobStore(served.address, SECRET, 5)
     member.set("a", "1")
     with socket.create_connection(served.address, timeout=5) as raw:
-        nonce = raw.recv(64)[len(wire.GREETING):].strip()
-        raw.sendall(wire.answer(SECRET, nonce) + b"\x01\x00\x00\x00\x01" + (wire.MAX_FIELD + 1).to_bytes(4, "big"))
+        nonce = raw.recv(64)[len(frames.GREETING):].strip()
+        raw.sendall(answer(SECRET, nonce) + b"\x01\x00\x00\x00\x01" + (frames.MAX_FIELD + 1).to_bytes(4, "big"))
         assert raw.recv(64) == b""
     assert member.get("a") == b"1"
 

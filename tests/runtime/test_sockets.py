@@ -92,11 +92,11 @@ def intrude(host, port):
     except Exception:  # noqa: BLE001 - torch raises DistStoreError or RuntimeError: refused either way
         pass
     with socket.create_connection((host, port), timeout=2) as raw:  # a request before any answer
-        from spmd.runtime.jobstore import wire
+        from spmd.runtime.jobstore import frames
 
         raw.settimeout(2)
         raw.recv(64)
-        raw.sendall(wire.frame(wire.OPS["set"], b"spmd/hub", b"evil") + wire.frame(wire.OPS["list_keys"]))
+        raw.sendall(frames.frame(frames.OPS["set"], b"spmd/hub", b"evil") + frames.frame(frames.OPS["list_keys"]))
         try:
             reply = raw.recv(64)
         except OSError:

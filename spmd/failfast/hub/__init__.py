@@ -5,7 +5,7 @@ word shows up as its connection closing; either way the hub tells every
 rank to exit at once, whatever the launcher.  It also makes one report of
 what the ranks say: who prints an error in full, and where every rank is.
 ``open_hub(rank, ...)`` starts rank 0's ``HubServer`` or another rank's ``HubClient``
-(``protocol``: the words; ``judge``: the decisions).  docs/reliability.md,
+(``messages``: the words; ``judge``: the decisions).  docs/reliability.md,
 "The hub's protocol" and "The hub's threat model".
 """
 
@@ -18,9 +18,10 @@ from spmd.failfast.abort import PEER_EXIT
 from spmd.failfast.hub.base import Hub, Reply
 from spmd.failfast.hub.client import HubClient
 from spmd.failfast.hub.judge import WINDOW
-from spmd.failfast.hub.protocol import MAX_LINE
-from spmd.failfast.hub.server import MAX_PENDING, HubServer
+from spmd.failfast.hub.messages import MAX_LINE
+from spmd.failfast.hub.relay import HubServer
 from spmd.failfast.hub.share import store_share
+from spmd.util.authserver import MAX_PENDING
 
 __all__ = ["open_hub", "Hub", "HubServer", "HubClient", "Reply", "store_share", "PEER_EXIT", "WINDOW", "MAX_LINE",
            "MAX_PENDING"]

@@ -15,7 +15,7 @@ from typing import Any
 
 from spmd.failfast import report
 from spmd.failfast.abort import PEER_EXIT
-from spmd.failfast.hub import protocol as wire
+from spmd.failfast.hub import messages
 from spmd.failfast.hub.base import Hub, Reply
 
 __all__ = ["HubClient"]
@@ -27,7 +27,7 @@ class HubClient(Hub):
     def __init__(self, rank: int, size: int, share: Callable[[str | None], str], local_only: bool,
                  timeout: float, monitors: Sequence[Any] = ()) -> None:
         super().__init__(rank, size, share, local_only, timeout, monitors)
-        address, hello = wire.accept_invitation(share(None), rank)
+        address, hello = messages.accept_invitation(share(None), rank)
         self._sock = socket.create_connection(address, timeout=timeout)
         self._sock.settimeout(None)
         self._sock.sendall(hello)
@@ -38,7 +38,7 @@ class HubClient(Hub):
         self._thread.start()
 
     def _watch(self) -> None:
-        reader = wire.Reader()
+        reader = messages.Reader()
         while True:
             try:
                 chunk = self._sock.recv(65536)
@@ -51,32 +51,32 @@ class HubClient(Hub):
                     self._exit(PEER_EXIT, f"### spmd: rank {self.rank}: lost rank 0 (it died); ending")
                 return
             for kind, got in reader.feed(chunk):  # a line over MAX_LINE: rank 0 never says one
-                if kind is wire.PAYLOAD:
+                if kind is messages.PAYLOAD:
                     self._report.set(got.decode("utf-8", "replace"))
-                elif kind is wire.LINE:
-                    said = wire.hub_says(got)
-                    if said is not None and said[0] == wire.BYE:
+                elif kind is messages.LINE:
+                    said = messages.hub_says(got)
+                    if said is not None and said[0] == messages.BYE:
                         return
                     if said is not None:
                         self._heard(reader, said)
 
-    def _heard(self, reader: wire.Reader, said: tuple) -> None:
+    def _heard(self, reader: messages.Reader, said: tuple) -> None:
         """Act on a message of rank 0's."""
-        if said[0] == wire.ABORT:
+        if said[0] == messages.ABORT:
             self._closing = True
             if not self._failing:  # the ABORT this rank's own FAIL caused must not win its exit (75)
                 self._end(PEER_EXIT)
-        elif said[0] == wire.FULL:
+        elif said[0] == messages.FULL:
             self._verdict.set(self.rank)
-        elif said[0] == wire.SAME:
+        elif said[0] == messages.SAME:
             self._verdict.set(said[1])
-        elif said[0] == wire.STACKS:
+        elif said[0] == messages.STACKS:
             data = json.dumps(report.where(self.rank, self.monitors)).encode()
-            if len(data) > wire.MAX_STACK:  # cut the threads' part, never the summary
+            if len(data) > messages.MAX_STACK:  # cut the threads' part, never the summary
                 summary = report.where(self.rank, self.monitors)
-                summary["threads"] = summary["threads"][:wire.MAX_STACK // 4] + "\n... (cut)\n"
-                data = json.dumps(summary).encode()[:wire.MAX_STACK]
-            self._send(wire.framed(wire.STACK, data))
+                summary["threads"] = summary["threads"][:messages.MAX_STACK // 4] + "\n... (cut)\n"
+                data = json.dumps(summary).encode()[:messages.MAX_STACK]
+            self._send(messages.framed(messages.STACK, data))
         else:  # REPORT <n>: n bytes of the stacks report follow
             reader.expect(said[1])
 
@@ -89,22 +89,22 @@ class HubClient(Hub):
                 return False
 
     def _ask_verdict(self, digest: str) -> bool:
-        return self._send(wire.line(wire.ERR, digest))
+        return self._send(messages.line(messages.ERR, digest))
 
     def _ask_where(self, reason: bytes, wait: float, reply: Reply | None) -> bool:
         if reply is not None:
             self._report = reply
-        return self._send(wire.line(wire.WHERE, reason, int(wait * 1000)))
+        return self._send(messages.line(messages.WHERE, reason, int(wait * 1000)))
 
     def fail(self) -> None:
         """Tell every rank that this one failed (it prints its own traceback, then exits with its status)."""
         self._failing = True
-        self._send(wire.line(wire.FAIL))
+        self._send(messages.line(messages.FAIL))
 
     def close(self) -> None:
         """Leave normally: rank 0 will not take it for a death."""
         self._closing = True
-        self._send(wire.line(wire.BYE))
+        self._send(messages.line(messages.BYE))
         try:
             self._sock.close()
         except OSError:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from spmd.failfast import report
-from spmd.failfast.hub.protocol import MAX_STACK
+from spmd.failfast.hub.messages import MAX_STACK
 
 __all__ = ["Verdicts", "Gathering", "death", "WINDOW", "REUSE"]
 

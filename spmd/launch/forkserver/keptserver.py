@@ -2,7 +2,7 @@
 
 It imports MODULES once, reports on the pipe FD, listens on the socket PATH
 and forks a *session* per launch, which serves that launch's ranks as a
-non-kept server does (spmd.launch.forkserver.server's ``serve``, watching
+non-kept server does (spmd.launch.forkserver.forker's ``serve``, watching
 the connection); it exits once idle for SECONDS, when a watched file has
 changed, or when its socket file is removed.  docs/preload.md ("Keeping the
 server", "The kept server's protocol") is the reference.
@@ -25,7 +25,7 @@ from spmd.launch.forkserver.kept import CHECK_SECONDS, changed, lock_path, snaps
 from spmd.launch.forkserver.process import end_now, flush_std, record_preloaded
 from spmd.launch.forkserver.protocol import recv, tell
 from spmd.launch.forkserver.safety import load
-from spmd.launch.forkserver.server import serve
+from spmd.launch.forkserver.forker import run_rank, serve
 
 __all__ = ["main"]
 
@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     if os.fork():  # the launcher waits for this one only: the server is reparented away from it
         os._exit(0)
     _report(status, {"pid": os.getpid()})
-    from spmd.runtime.runner import run_script  # what every rank runs: imported once, here
+    import spmd.runtime.runner  # noqa: F401 - what every rank runs: imported once, here, before any fork
 
     why = load(modules)
     if why is not None:
@@ -248,11 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     conn = _loop(listener, path, keep, stamps)
     if conn is None:
         return end_now(0)
-    script = _session(conn, modules)
-    if script is None:
-        return end_now(0)
-    run_script(script)  # a rank: run_script ends it with SystemExit, which leaves through every frame above
-    return 0
+    return run_rank(_session(conn, modules))
 
 
 if __name__ == "__main__":

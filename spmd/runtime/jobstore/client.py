@@ -18,7 +18,8 @@ from typing import Any
 import torch.distributed as dist
 
 from spmd.errors import RendezvousError
-from spmd.runtime.jobstore import wire
+from spmd.runtime.jobstore import frames
+from spmd.util.authserver import answer
 
 __all__ = ["JobStore"]
 
@@ -60,10 +61,10 @@ class JobStore(dist.Store):
                 if not chunk:
                     break
                 greeting += chunk
-            if not greeting.startswith(wire.GREETING):
+            if not greeting.startswith(frames.GREETING):
                 sock.close()
                 raise RendezvousError(f"{host}:{port} is not spmd's job store (it said {greeting[:40]!r})")
-            sock.sendall(wire.answer(self._secret, greeting[len(wire.GREETING):].strip()))
+            sock.sendall(answer(self._secret, greeting[len(frames.GREETING):].strip()))
         except OSError as exc:
             error = RendezvousError(f"could not reach the job store at {host}:{port} ({exc}); check that "
                                     "rank 0 started and that the address is reachable from this host")
@@ -84,12 +85,12 @@ class JobStore(dist.Store):
         sock = self._conn(deadline)
         try:
             sock.settimeout(max(0.001, deadline - time.monotonic()))
-            sock.sendall(wire.frame(wire.OPS[op], *fields))
-            status, count = _HEAD.unpack(wire.recv_exactly(sock, _HEAD.size))
+            sock.sendall(frames.frame(frames.OPS[op], *fields))
+            status, count = _HEAD.unpack(frames.recv_exactly(sock, _HEAD.size))
             out = []
             for _ in range(count):
-                (n,) = _LEN.unpack(wire.recv_exactly(sock, _LEN.size))
-                out.append(wire.recv_exactly(sock, n))
+                (n,) = _LEN.unpack(frames.recv_exactly(sock, _LEN.size))
+                out.append(frames.recv_exactly(sock, n))
         except socket.timeout:
             self._drop()
             raise RendezvousError(f"the job store did not answer {op}({_keys(fields)}) within {seconds:g} s: "
@@ -100,7 +101,7 @@ class JobStore(dist.Store):
             raise RendezvousError(f"the job store at {self.address[0]}:{self.address[1]} closed "
                                   f"({exc}): rank 0 ended or refused this process's answer (a wrong "
                                   "SPMD_SECRET?)") from None
-        if status != wire.OK:
+        if status != frames.OK:
             raise RendezvousError(f"the job store refused {op}: {out[0].decode(errors='replace') if out else ''}")
         return out
 

@@ -1,20 +1,18 @@
-"""The job store's wire format, written once for both sides.
+"""The job store's frames (requests and answers), written once for both sides.
 
 A connection opens with the server's challenge, ``SPMD-STORE 1 <nonce>``,
 and the client's answer, the HMAC-SHA256 of the nonce under the job's
-secret; only then is a frame read.  A frame is a header (an operation or a
+secret (``spmd.util.authserver``'s ``challenge`` and ``answer``); only then
+is a frame read.  A frame is a header (an operation or a
 status, and how many fields follow) and the fields, each with its length.
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
-import secrets
 import socket
 import struct
 
-__all__ = ["OPS", "OK", "MISSING", "BAD", "MAX_FIELD", "MAX_FIELDS", "GREETING", "challenge", "answer",
+__all__ = ["OPS", "OK", "MISSING", "BAD", "MAX_FIELD", "MAX_FIELDS", "GREETING",
            "frame", "Frames", "recv_exactly"]
 
 #: Operations, by the byte that names them on the wire.
@@ -26,20 +24,10 @@ OK, MISSING, BAD = 0, 1, 2
 #: Bytes of one field, and fields of one frame, at most (a longer frame closes the connection).
 MAX_FIELD = 64 * 1024 * 1024
 MAX_FIELDS = 1 << 16
+#: The start of the server's challenge (spmd.util.authserver's ``challenge``, with its nonce).
 GREETING = b"SPMD-STORE 1 "
 _HEAD = struct.Struct("!BI")
 _LEN = struct.Struct("!I")
-
-
-def challenge() -> tuple[bytes, bytes]:
-    """The server's opening line and the nonce in it."""
-    nonce = secrets.token_hex(16).encode()
-    return GREETING + nonce + b"\n", nonce
-
-
-def answer(secret: bytes, nonce: bytes) -> bytes:
-    """What a member of the job answers to nonce: the HMAC under the secret, as a line."""
-    return hmac.new(secret, nonce, hashlib.sha256).hexdigest().encode() + b"\n"
 
 
 def frame(code: int, *fields: bytes) -> bytes:

@@ -1,4 +1,4 @@
-"""The fork server of ``spmd run --preload``: ``python -m spmd.launch.forkserver.server FD MODULES``.
+"""The fork server of ``spmd run --preload``: ``python -m spmd.launch.forkserver.forker FD MODULES``.
 
 It imports MODULES in its only thread, checks that forking is safe
 (spmd.launch.forkserver.safety), tells the launcher it is ready on the
@@ -19,7 +19,7 @@ from spmd.launch.forkserver.process import die_with, end_now, flush_std, record_
 from spmd.launch.forkserver.protocol import hung_up, recv, send, tell
 from spmd.launch.forkserver.safety import load
 
-__all__ = ["serve", "main", "WATCH_POLL", "TORCH_FIXED_SEED"]
+__all__ = ["serve", "main", "run_rank", "WATCH_POLL", "TORCH_FIXED_SEED"]
 
 #: torch's historical fixed default seed: a build that starts every process with it is not reseeded.
 TORCH_FIXED_SEED = 67280421310721
@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     sock = socket.socket(fileno=int(argv[0]))
     modules = [m for m in argv[1].split(",") if m]
-    from spmd.runtime.runner import run_script  # what every rank runs: imported once, here
+    import spmd.runtime.runner  # noqa: F401 - what every rank runs: imported once, here, before any fork
 
     why = load(modules)
     if why is not None:
@@ -146,14 +146,21 @@ def main(argv: list[str] | None = None) -> int:
         return end_now(1)
     record_preloaded(modules)
     send(sock, {"ready": modules, "pid": os.getpid()})
-    script = serve(sock)
+    return run_rank(serve(sock))
+
+
+def run_rank(script: list[str] | None) -> int:
+    """What a server's main ends with: in a forked rank, run its script (run_script ends the rank with
+    SystemExit, which leaves through every frame above); script None, end the server that served."""
+    from spmd.runtime.runner import run_script  # imported by main already
+
     if script is None:
         return end_now(0)
-    run_script(script)  # a rank: run_script ends it with SystemExit, which leaves through every frame above
+    run_script(script)
     return 0
 
 
 if __name__ == "__main__":
-    from spmd.launch.forkserver.server import main as _main  # the module's own globals, not __main__'s
+    from spmd.launch.forkserver.forker import main as _main  # the module's own globals, not __main__'s
 
     sys.exit(_main())

@@ -1,4 +1,4 @@
-"""The fork server of plain ``pytest``: ``python -m spmd.testing.server FD ARGS...``.
+"""The fork server of plain ``pytest``: ``python -m spmd.testing.collected FD ARGS...``.
 
 The controller (the user's pytest, spmd.testing.local) starts it with the
 same arguments, in the same directory.  It runs pytest's configuration and

@@ -1,4 +1,4 @@
-"""The fail-fast hub's wire format, written once for both sides (docs/reliability.md, "The hub's protocol").
+"""The fail-fast hub's messages, written once for both sides (docs/reliability.md, "The hub's protocol").
 
 Every message is one line of at most MAX_LINE bytes; ``STACK <n>`` and
 ``REPORT <n>`` announce n bytes of payload after their line.  A connection
@@ -9,17 +9,15 @@ secret is checked here, before anything else it says is believed.
 from __future__ import annotations
 
 import hmac
-import ipaddress
 import re
 import secrets
-import socket
 from collections.abc import Iterator
 
 __all__ = [
     "HELLO", "FAIL", "BYE", "ERR", "WHERE", "STACK", "ABORT", "FULL", "SAME", "STACKS", "REPORT",
     "MAX_LINE", "MAX_STACK", "MAX_REPORT", "REASONS", "LINE", "PAYLOAD", "TOO_LONG",
     "Reader", "line", "framed", "verdict", "report", "new_secret", "invitation", "accept_invitation", "check_hello",
-    "rank_says", "hub_says", "listen", "peer_name",
+    "rank_says", "hub_says",
 ]
 
 # A rank's words (HELLO first, then any of the others) ...
@@ -158,43 +156,3 @@ def hub_says(text: bytes) -> tuple | None:
     if len(parts) == 2 and parts[0] == REPORT and parts[1].isdigit() and int(parts[1]) <= MAX_REPORT:
         return REPORT, int(parts[1])
     return None
-
-
-def listen(local_only: bool, size: int, host: str | None = None) -> tuple[socket.socket, str]:
-    """Bind the hub where the other ranks will be told to connect; return (socket, that address).
-
-    host: an address of this host the others reach (the rendezvous store's), tried first across hosts.
-    """
-    backlog = max(size, socket.SOMAXCONN)
-    if local_only:
-        return socket.create_server(("127.0.0.1", 0), backlog=backlog), "127.0.0.1"
-    if host:
-        try:
-            family = socket.AF_INET6 if ":" in host else socket.AF_INET
-            return socket.create_server((host, 0), family=family, backlog=backlog), host
-        except OSError:
-            pass
-    host = socket.gethostname()
-    try:
-        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
-    except OSError:
-        infos = []
-    for family, _, _, _, sockaddr in infos:
-        ip = ipaddress.ip_address(sockaddr[0].split("%")[0])
-        if ip.is_loopback or ip.is_link_local:  # Debian maps the host name to 127.0.1.1
-            continue
-        try:
-            return socket.create_server((str(ip), 0), family=family, backlog=backlog), str(ip)
-        except OSError:
-            continue
-    # No address of this host's name can be bound (and no store's address: the mpi backend): every
-    # interface, guarded by the secret alone.
-    return socket.create_server(("", 0), backlog=backlog), host
-
-
-def peer_name(conn: socket.socket) -> str:
-    """The address conn comes from, for a message."""
-    try:
-        return conn.getpeername()[0]
-    except OSError:
-        return "an unknown address"
