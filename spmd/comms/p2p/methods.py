@@ -56,13 +56,6 @@ class PointToPoint:
     #: (a list of the communicator's own, made by Comm.__init__).
     _incoming: list[Any] | tuple[()] = ()
 
-    #: Whether the backend's works progress only when waited for (gloo): its
-    #: immediate receives then wait for their header in a thread of their own.
-    _receives_in_threads = False
-    #: Data of at most this many bytes travels inside its header's message.  Only
-    #: for backends whose receive takes a message shorter than its buffer (mpi, gloo).
-    _inline_bytes = 0
-
     # -- sends -----------------------------------------------------------------------
 
     @overload
