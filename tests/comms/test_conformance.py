@@ -642,3 +642,25 @@ def test_point_to_point_and_scatter_of_one_shape_keep_their_descriptions_apart(c
         got = comm.scatter(x, root=0)
         assert got.shape == (3, 2)
         same(got, x)
+
+
+def test_a_backend_reads_only_what_it_defines():
+    """Every ``self.<name>`` a backend's code reads is defined by the backend: a method or class
+    attribute of its own classes (the contract's included), or an attribute its code assigns."""
+    import ast
+    import textwrap
+
+    for cls in _backend_classes():
+        mine = [k for k in cls.__mro__ if k.__module__.startswith("spmd.")]
+        defined = {name for k in mine for name in vars(k)} | {"__dict__"}
+        reads = {}
+        for k in mine:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(k)))
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
+                    if isinstance(node.ctx, ast.Store):
+                        defined.add(node.attr)
+                    else:
+                        reads.setdefault(node.attr, k.__name__)
+        strangers = {name: where for name, where in reads.items() if name not in defined}
+        assert not strangers, f"{cls.__name__} reads what it does not define: {strangers}"
