@@ -1,4 +1,4 @@
-"""docs/architecture.md's map ("Where each concern lives") names every module of spmd/, each in its folder."""
+"""docs/architecture.md's map ("Where each concern lives") names every module of spmd/ and benchmarks/."""
 
 import re
 from pathlib import Path
@@ -9,6 +9,8 @@ pytestmark = pytest.mark.unit
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "spmd"
+#: The folders the map covers: the package, and the benchmarks beside it.
+MAPPED = (PACKAGE, REPO / "benchmarks")
 FILE = re.compile(r"(?<![\w/.])([A-Za-z_]\w*\.py)\b")
 
 
@@ -54,9 +56,9 @@ def test_the_rule_reads_a_map_as_drawn():
 
 def test_the_map_names_every_module_in_its_folder():
     found = named(the_map())
-    modules = sorted(p.relative_to(REPO) for p in PACKAGE.rglob("*.py")
+    modules = sorted(p.relative_to(REPO) for folder in MAPPED for p in folder.rglob("*.py")
                      if p.name != "__init__.py" and "__pycache__" not in p.parts)
-    assert len(modules) > 100
+    assert len(modules) > 100 and any(m.parts[0] == "benchmarks" for m in modules)
     missing = [str(m) for m in modules if m.name not in found.get(f"{m.parent.as_posix()}/", set())]
     assert not missing, ("docs/architecture.md's map ('Where each concern lives') does not name these modules "
                          "in their folders (add each, with a short phrase, on its folder's lines):\n"

@@ -289,3 +289,29 @@ def test_the_private_import_check_sees_one(tmp_path):
     finally:
         FLOORS = saved
     assert found == [("spmd.b.y", 1, "spmd.a.x._hidden")]
+
+
+# -- the package stands alone --------------------------------------------------------------
+
+def outside_imports(root=ROOT, outside=("benchmarks", "tests")):
+    """Yield (module, line, imported) for each import of the repository's folders beside the package."""
+    for name, path in modules(root).items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                sources = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                sources = [node.module]
+            else:
+                continue
+            yield from ((name, node.lineno, s) for s in sources if s.partition(".")[0] in outside)
+
+
+def test_the_package_imports_neither_benchmarks_nor_tests():
+    found = [f"{m}:{line} imports {what}" for m, line, what in outside_imports()]
+    assert not found, "spmd imports folders an installed package lacks (benchmarks/, tests/):\n" + "\n".join(found)
+
+
+def test_the_outside_import_check_sees_one(tmp_path):
+    (tmp_path / "spmd").mkdir()
+    (tmp_path / "spmd" / "a.py").write_text("import os\nfrom benchmarks import formats\n")
+    assert list(outside_imports(tmp_path / "spmd")) == [("spmd.a", 2, "benchmarks")]

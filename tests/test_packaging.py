@@ -48,6 +48,9 @@ def test_the_python_floor_is_stated_once_and_is_the_one_tested():
 #: The extras bin/setup installs that the tests may rely on (bench's comparisons are importorskip'd).
 TEST_EXTRAS = ("test", "mpi", "formats", "interactive", "fast")
 
+#: This repository's own top-level folders, which the tests import from the root.
+OURS = ("spmd", "tests", "benchmarks")
+
 #: Calls that import a package their own library does not require (pyarrow's to_pandas needs pandas).
 IMPLICIT_IMPORTS = {"to_pandas": "pandas", "to_pandas_dtype": "pandas"}
 
@@ -67,7 +70,7 @@ def _normal(name):
 def third_party_imports(path):
     """Yield (line, top-level name) of each import in path a test needs from a third-party distribution.
 
-    Not counted: the standard library, spmd and tests, a module beside the file (a script's own
+    Not counted: the standard library, this repository's own (OURS), a module beside the file (a script's own
     helper), and a name the file guards with ``pytest.importorskip("name")`` (how a test marks an
     import as optional: it skips where the package is missing). Counted too: IMPLICIT_IMPORTS' calls.
     """
@@ -86,7 +89,7 @@ def third_party_imports(path):
             continue
         for top in {n.partition(".")[0] for n in names}:
             beside = (path.parent / f"{top}.py").exists() or (path.parent / top / "__init__.py").exists()
-            if not (top in sys.stdlib_module_names or top in ("spmd", "tests") or beside or top in optional):
+            if not (top in sys.stdlib_module_names or top in OURS or beside or top in optional):
                 yield node.lineno, top
 
 

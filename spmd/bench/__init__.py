@@ -1,6 +1,6 @@
 """The collective benchmark: spmd against raw mpi4py and raw torch.distributed.
 
-Inside a launched job (``mpirun -n 2 spmd bench``)::
+Inside a launched job (``mpirun -n 2 spmd bench collectives``)::
 
     from spmd.bench import Settings, open_world, run
     world = open_world()                  # mpi4py, gloo and spmd on both, at once
@@ -14,7 +14,7 @@ torch nor mpi4py.
 
 from spmd.bench.cases import BUSBW, COLLECTIVES, EXTRAS
 from spmd.bench.measure import Settings, default_sizes, format_size, layout, parse_size, run
-from spmd.bench.world import IMPLS, World, open_alone, open_world
+from spmd.bench.communicators import IMPLS, World, open_alone, open_world
 
 __all__ = [
     "BUSBW",

@@ -1,4 +1,4 @@
-"""``spmd bench --pipeline``: spmd.pipeline beside the tools a user would pick instead.
+"""``spmd bench pipeline``: spmd.pipeline beside the tools a user would pick instead.
 
 The main job's work (1,000,000 x 16 synthetic rows, the mlp task) through
 spmd.pipeline in its modes, a hand-written mpi4py Scatterv/Gatherv loop,
@@ -15,7 +15,7 @@ import sys
 import time
 
 from spmd.errors import BenchError
-from spmd.bench.startup import _clean_env, find_mpirun, launch_record
+from spmd.bench.startup import clean_env, find_mpirun, launch_record
 from spmd.util.paths import PIPELINE_WORKER
 
 __all__ = ["CASES", "measure", "table", "busy", "busy_table", "memory", "memory_table"]
@@ -55,7 +55,7 @@ def launch(impl, ranks, rows=ROWS, chunk=CHUNK, options=None, env=None, timeout=
         options["workers"] = ranks
     extra = {"MPI4PY_FUTURES_BACKOFF": "0", **(env or {})}
     cmd = _command(impl, ranks, rows, chunk, options)
-    return launch_record(cmd, _clean_env(extra), "PIPELINE_BENCH", timeout)
+    return launch_record(cmd, clean_env(extra), "PIPELINE_BENCH", timeout)
 
 
 def _run(out, progress, line, impl, ranks, nrows, chunk, options, env=None, **labels):

@@ -13,7 +13,7 @@ from spmd.util.atomic import atomic_path, atomic_write
 from spmd.errors import BenchError
 from spmd.bench.cases import ALL, COLLECTIVES
 from spmd.bench.measure import format_size
-from spmd.bench.world import IMPLS
+from spmd.bench.communicators import IMPLS
 
 __all__ = [
     "SCHEMA",

@@ -93,7 +93,7 @@ def find_mpirun():
     return str(here) if here.exists() else shutil.which("mpirun")
 
 
-def _clean_env(extra):
+def clean_env(extra):
     """This process's environment without any launcher's or spmd's settings, plus extra.
 
     PYTHONDONTWRITEBYTECODE goes too: without bytecode caches every launch
@@ -150,7 +150,7 @@ def measure(ranks=8, repeats=5, script=None, mpirun=None, timeout=300, progress=
     mpirun = mpirun or find_mpirun()
     if mpirun is None:
         raise BenchError("mpirun not found: pip install mpich (or put an mpirun on PATH)")
-    cases = [(name, code, _clean_env(extra)) for name, code, extra in scenarios(script)]
+    cases = [(name, code, clean_env(extra)) for name, code, extra in scenarios(script)]
     runs = {name: [] for name, _, _ in cases}
     # A first launch of each at 2 ranks, untimed: imports compile and cache their
     # bytecode then (if the install is writable), as after any first run.

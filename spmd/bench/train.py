@@ -17,7 +17,7 @@ import sys
 import time
 
 from spmd.errors import BenchError
-from spmd.bench.startup import _clean_env, find_mpirun, launch_record
+from spmd.bench.startup import clean_env, find_mpirun, launch_record
 from spmd.util.paths import TRAIN_WORKER
 
 __all__ = ["CASES", "launch", "measure", "losses", "summary", "targets", "report", "bench", "main"]
@@ -45,7 +45,8 @@ def _command(backend, ranks, options, launcher):
     args = ["-m", TRAIN_WORKER, json.dumps(options)]
     mpirun = find_mpirun()
     if launcher == "spmd" or (launcher == "auto" and mpirun is None and backend == "gloo"):
-        return [sys.executable, "-c", "from spmd.cli import main; main()", "run", "-n", str(ranks), *args]
+        return [sys.executable, "-c", "from spmd.cli import main; main()", "run", "--no-prefix", "-n", str(ranks),
+                *args]
     if mpirun is None:
         raise BenchError("the training benchmark's mpi cases need mpirun: pip install mpich")
     return [mpirun, "-n", str(ranks), sys.executable, *args]
@@ -58,7 +59,7 @@ def launch(impl, backend, ranks, options=None, launcher="auto", timeout=900):
     if backend == "mpi":
         env["SPMD_TORCH_GROUP"] = "0"  # no idle gloo group beside MPI
     cmd = _command(backend, ranks, options, launcher)
-    return launch_record(cmd, _clean_env(env), "TRAIN_BENCH", timeout)
+    return launch_record(cmd, clean_env(env), "TRAIN_BENCH", timeout)
 
 
 def _mean(values):

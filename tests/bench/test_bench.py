@@ -1,4 +1,4 @@
-"""spmd bench: it runs at 2 ranks on tiny sizes and its numbers are sane.
+"""spmd bench: its subcommands, and they run at 2 ranks on tiny sizes with sane numbers.
 
 No timing is asserted: only that every collective and implementation is
 there, times are positive and ordered, and the bandwidths follow
@@ -135,33 +135,72 @@ def test_import_is_light():
 
 @pytest.mark.unit
 def test_bench_alone_explains_how_to_start_it():
-    result = CliRunner().invoke(bench, ["--sizes", "8"], env=clean_env())
+    result = CliRunner().invoke(bench, ["collectives", "--sizes", "8"], env=clean_env())
     assert result.exit_code != 0
-    assert "at least 2 ranks" in result.output and "--launch" in result.output
+    assert "at least 2 ranks" in result.output and "collectives --launch 2" in result.output
 
 
 @pytest.mark.unit
 def test_bad_collective_is_a_usage_error():
-    result = CliRunner().invoke(bench, ["--collectives", "allreduce"], env=clean_env())
+    result = CliRunner().invoke(bench, ["collectives", "--collectives", "allreduce"], env=clean_env())
     assert result.exit_code == 2 and "all_reduce" in result.output
 
 
 @pytest.mark.unit
-def test_the_separate_benchmarks_are_one_at_a_time_and_train_takes_its_rank_counts(monkeypatch):
-    result = CliRunner().invoke(bench, ["--train", "--pipeline"], env=clean_env())
-    assert result.exit_code == 2 and "separate benchmarks: choose one" in result.output
+def test_every_measurement_is_a_subcommand_with_its_own_options_only():
+    result = CliRunner().invoke(bench, ["--help"])
+    assert result.exit_code == 0
+    for name in ("collectives", "memory", "startup", "preload", "pipeline", "train"):
+        assert f"  {name} " in result.output, result.output
+    result = CliRunner().invoke(bench, ["train", "--scenarios", "busy"])  # the pipeline's option
+    assert result.exit_code == 2 and "--scenarios" in result.output and "No such option" in result.output
+    result = CliRunner().invoke(bench, ["startup", "--sizes", "8"])  # the collectives' option
+    assert result.exit_code == 2 and "--sizes" in result.output and "No such option" in result.output
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("old, new", [(["--startup", "--startup-ranks", "8"], "'spmd bench startup'"),
+                                      (["--train", "--pipeline"], "'spmd bench train'"),
+                                      (["--pytest"], "python -m benchmarks.pytest_runners"),
+                                      (["--sizes", "8"], "'spmd bench collectives --sizes 8'")])
+def test_the_old_flat_form_is_a_usage_error_that_names_the_new_one(old, new):
+    result = CliRunner().invoke(bench, old)
+    assert result.exit_code == 2 and new in result.output, result.output
+
+
+@pytest.mark.unit
+def test_train_takes_its_rank_counts_and_repeats(monkeypatch):
     from spmd.bench import train
 
     seen = {}
     monkeypatch.setattr(train, "bench", lambda ranks, repeats, model=None, progress=None:
                         seen.update(r=ranks, n=repeats, m=model) or {})
     monkeypatch.setattr(train, "report", lambda doc: "REPORT")
-    result = CliRunner().invoke(bench, ["--train", "--quiet"], env=clean_env())
+    result = CliRunner().invoke(bench, ["train", "--quiet"], env=clean_env())
     assert result.exit_code == 0 and "REPORT" in result.output and seen == {"r": (1, 2, 4), "n": 5, "m": None}, \
         result.output
-    result = CliRunner().invoke(bench, ["--train", "--pipeline-ranks", "2", "--repeats", "3", "--vocab", "30522"],
+    result = CliRunner().invoke(bench, ["train", "--ranks", "2", "--repeats", "3", "--vocab", "30522"],
                                 env=clean_env())
     assert result.exit_code == 0 and seen == {"r": (2,), "n": 3, "m": {"vocab": 30522}}, result.output
+    result = CliRunner().invoke(bench, ["train", "--ranks", "1.5"], env=clean_env())
+    assert result.exit_code == 2 and "positive whole numbers" in result.output
+
+
+@pytest.mark.unit
+def test_launch_runs_the_same_subcommand_with_the_options_given(monkeypatch):
+    from spmd.bench import startup
+    from spmd.cli.bench import options
+
+    calls = []
+    monkeypatch.setattr(startup, "find_mpirun", lambda: "/m/mpirun")
+    monkeypatch.setattr(options.subprocess, "call", lambda cmd: calls.append(cmd) or 0)
+    result = CliRunner().invoke(bench, ["memory", "--launch", "2", "--size", "24M", "--backends", "gloo"])
+    assert result.exit_code == 0, result.output
+    assert calls == [["/m/mpirun", "-n", "2", sys.executable, "-m", "spmd.cli.bench", "memory",
+                      "--backends", "gloo", "--size", "24M"]]
+    result = CliRunner().invoke(bench, ["collectives", "--launch", "3", "--no-verify", "--spread"])
+    assert result.exit_code == 0 and calls[-1][2:3] == ["3"] and calls[-1][6:] == ["collectives", "--spread",
+                                                                                    "--no-verify"], calls[-1]
 
 
 # -- real runs -------------------------------------------------------------------
@@ -201,7 +240,7 @@ def _check_rows(doc, collectives, ranks=2):
 @pytest.mark.timeout(300)
 def test_bench_at_two_ranks_under_mpirun(tmp_path):
     out = tmp_path / "bench.json"
-    cmd = [MPIRUN, "-n", 2, PY, "-m", "spmd.cli.bench", *TINY, "--json", out]
+    cmd = [MPIRUN, "-n", 2, PY, "-m", "spmd.cli.bench", "collectives", *TINY, "--json", out]
     result = run(cmd, 280, clean_env())
     assert result.returncode == 0, result.stdout[-4000:]
     rows = _check_rows(json.loads(out.read_text()), COLLECTIVES + EXTRAS)
@@ -217,7 +256,7 @@ def test_point_to_point_and_the_later_collectives_are_verified_then_timed(tmp_pa
     messages = ("pingpong", "sendrecv", "all_to_all", "reduce_scatter")
     args = ["--collectives", ",".join(messages), "--sizes", "8,4K", "--rounds", 1, "--target-time", "0.002",
             "--json", out]
-    result = run([MPIRUN, "-n", 2, PY, "-m", "spmd.cli.bench", *args], 180, clean_env())
+    result = run([MPIRUN, "-n", 2, PY, "-m", "spmd.cli.bench", "collectives", *args], 180, clean_env())
     assert result.returncode == 0, result.stdout[-4000:]  # --verify (the default) checked every result first
     rows = _check_rows(json.loads(out.read_text()), messages)
     impls = {(r["collective"], r["impl"]) for r in rows}
@@ -238,7 +277,7 @@ def test_launch_option_starts_mpirun_itself(tmp_path):
         args += ["--plot", png]
     else:
         png = None
-    result = run([PY, "-m", "spmd.cli.bench", *args], 180, clean_env())
+    result = run([PY, "-m", "spmd.cli.bench", "collectives", *args], 180, clean_env())
     assert result.returncode == 0, result.stdout[-4000:]
     _check_rows(json.loads(out.read_text()), ("all_reduce", "all_reduce_many"))
     assert png is None or png.stat().st_size > 1000
@@ -250,8 +289,7 @@ def test_launch_option_starts_mpirun_itself(tmp_path):
 def test_chunked_all_reduce_memory_is_bounded_by_the_chunk(tmp_path):
     out = tmp_path / "mem.json"
     # 24 MiB: below the size from which the mpi backend works in pieces by itself.
-    cmd = [MPIRUN, "-n", 2, PY, "-m", "spmd.cli.bench", "--memory", "--sizes", "24M", "--chunk", "1M",
-           "--json", out]
+    cmd = [MPIRUN, "-n", 2, PY, "-m", "spmd.cli.bench", "memory", "--size", "24M", "--chunk", "1M", "--json", out]
     result = run(cmd, 180, clean_env())
     assert result.returncode == 0, result.stdout[-4000:]
     rows = {(r["backend"], r["chunk_bytes"]): r for r in json.loads(out.read_text())["rows"]}
@@ -271,8 +309,8 @@ def test_startup_breakdown(tmp_path):
     script = tmp_path / "job.py"
     script.write_text("import torch\nfrom spmd import comm\ncomm.barrier()\n")
     out = tmp_path / "s.json"
-    cmd = [PY, "-m", "spmd.cli.bench", "--startup", "--startup-ranks", 2, "--repeats", 1,
-           "--script", script, "--json", out, "--quiet"]
+    cmd = [PY, "-m", "spmd.cli.bench", "startup", "--ranks", 2, "--repeats", 1, "--script", script, "--json", out,
+           "--quiet"]
     result = run(cmd, 280, clean_env())
     assert result.returncode == 0, result.stdout[-4000:]
     rows = json.loads(out.read_text())["startup"]
@@ -285,7 +323,7 @@ def test_startup_breakdown(tmp_path):
     assert "issue: <= 2x" in startup_table(rows) and "issue: <= 2x" in result.stdout
 
 
-# -- spmd bench --pipeline ---------------------------------------------------------------
+# -- spmd bench pipeline ----------------------------------------------------------------
 
 
 @pytest.mark.unit
@@ -313,7 +351,7 @@ def test_pipeline_summary_takes_medians_and_ratios_against_the_peers():
 @pytest.mark.timeout(400)
 def test_pipeline_bench_runs_every_case_and_every_output_agrees(tmp_path):
     out = tmp_path / "pipeline.json"
-    cmd = [PY, "-m", "spmd.cli.bench", "--pipeline", "--pipeline-ranks", "2", "--repeats", 1, "--rows", 40000,
+    cmd = [PY, "-m", "spmd.cli.bench", "pipeline", "--ranks", "2", "--repeats", 1, "--rows", 40000,
            "--scenarios", "table,busy,memory", "--memory-rows", "40000", "--json", out, "--quiet"]
     result = run(cmd, 380, clean_env())
     assert result.returncode == 0, result.stdout[-4000:]
@@ -333,8 +371,7 @@ def test_pipeline_bench_runs_every_case_and_every_output_agrees(tmp_path):
 @pytest.mark.timeout(300)
 def test_preload_bench_reports_every_scenario_and_the_targets(tmp_path):
     out = tmp_path / "preload.json"
-    cmd = [PY, "-m", "spmd.cli.bench", "--preload", "torch", "--startup-ranks", 2, "--repeats", 1,
-           "--json", out, "--quiet"]
+    cmd = [PY, "-m", "spmd.cli.bench", "preload", "torch", "--ranks", 2, "--repeats", 1, "--json", out, "--quiet"]
     result = run(cmd, 280, clean_env())
     assert result.returncode == 0, result.stdout[-4000:]
     doc = json.loads(out.read_text())

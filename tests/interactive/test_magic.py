@@ -4,14 +4,14 @@ import uuid
 
 import pytest
 
-from spmd.bench.notebook import Kernel as NotebookKernel
+from benchmarks.notebook import Kernel as NotebookKernel
 from tests.support import clean_env, left_behind
 
 pytestmark = [pytest.mark.launcher, pytest.mark.timeout(240)]
 
 
 def Kernel(mark):
-    """A real kernel (spmd.bench.notebook's driver) whose processes carry mark."""
+    """A real kernel (benchmarks.notebook's driver) whose processes carry mark."""
     return NotebookKernel(env=clean_env(SPMD_MAGIC_MARK=mark))
 
 

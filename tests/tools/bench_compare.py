@@ -1,4 +1,4 @@
-"""Compare `spmd bench --json` runs of two trees, made one after the other in one sitting.
+"""Compare `spmd bench collectives --json` runs of two trees, made one after the other in one sitting.
 
     python tests/tools/bench_compare.py before1.json after1.json before2.json after2.json ...
 

@@ -1,8 +1,8 @@
-"""spmd.bench.formats: its medians and targets, and a small run of every tool on both formats."""
+"""benchmarks.formats: its medians and targets, and a small run of every tool on both formats."""
 
 import pytest
 
-from spmd.bench import formats as fb
+from benchmarks import formats as fb
 from spmd.errors import BenchError
 
 
@@ -40,7 +40,7 @@ def test_the_summary_takes_medians_checks_the_outputs_agree_and_the_targets_comp
 @pytest.mark.launcher
 @pytest.mark.timeout(400)
 def test_a_small_run_of_every_tool_writes_the_same_rows(tmp_path):
-    pytest.importorskip("dask", reason="the bench extra: pip install 'spmd[bench]'")
+    pytest.importorskip("dask", reason="pip install -r benchmarks/requirements.txt")
     pytest.importorskip("pyarrow", reason="the formats extra: pip install 'spmd[formats]'")
     paths = fb.prepare(str(tmp_path), rows=30_000)
     rows = fb.measure(str(tmp_path), paths, repeats=1, chunk=7000)

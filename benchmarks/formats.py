@@ -1,11 +1,11 @@
 """The pipeline on Parquet, Zarr and .npy beside the tools a user would pick instead.
 
-    python -m spmd.bench.formats [--rows 1000000] [--repeats 3] [--chunk 131072] [--json FILE]
+    python -m benchmarks.formats [--rows 1000000] [--repeats 3] [--chunk 131072] [--json FILE]
 
 A 1M x 16 float32 table (the main job's synthetic one) saved as a Parquet
 file (row groups of 131,072 rows), a Zarr store (chunks of 65,536 rows) and
 a .npy file, mapped by the mlp task into a file of the same format, each
-tool launched on its own (:mod:`spmd.bench.formats_worker`), interleaved
+tool launched on its own (:mod:`benchmarks.formats_worker`), interleaved
 over repeats: spmd's pipeline on 2 ranks (mpirun), a hand-written mpi4py
 loop on 2 ranks (root reads, Scatterv, Gatherv, root writes), Dask with 2
 threads, and one process; on Parquet also the loop making spmd's two
@@ -25,7 +25,8 @@ import sys
 import tempfile
 import time
 
-from spmd.bench.startup import _clean_env, find_mpirun, launch_record
+from benchmarks import launch_env
+from spmd.bench.startup import find_mpirun, launch_record
 from spmd.errors import BenchError
 
 __all__ = ["CASES", "prepare", "launch", "measure", "summary", "targets", "report", "main"]
@@ -63,13 +64,13 @@ def prepare(folder, rows=1_000_000):
 
 def launch(impl, fmt, src, out, chunk, ranks, timeout=900):
     """Run one launch; return its FORMATS_BENCH record."""
-    worker = [sys.executable, "-m", "spmd.bench.formats_worker", impl, fmt, src, out, str(chunk)]
+    worker = [sys.executable, "-m", "benchmarks.formats_worker", impl, fmt, src, out, str(chunk)]
     if ranks > 1:
         mpirun = find_mpirun()
         if mpirun is None:
             raise BenchError("the formats benchmark needs mpirun: pip install mpich")
         worker = [mpirun, "-n", str(ranks)] + worker
-    env = _clean_env({"SPMD_BACKEND": "mpi", "OMP_NUM_THREADS": "1"})
+    env = launch_env({"SPMD_BACKEND": "mpi", "OMP_NUM_THREADS": "1"})
     return launch_record(worker, env, "FORMATS_BENCH", timeout)
 
 
@@ -155,7 +156,7 @@ def report(doc):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m spmd.bench.formats", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.formats", description=__doc__.split("\n")[0])
     p.add_argument("--rows", type=int, default=1_000_000)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--chunk", type=int, default=131072)
@@ -169,7 +170,7 @@ def main(argv=None):
                "table_rows": o.rows, "chunk": o.chunk, "repeats": o.repeats,
                "rows": measure(folder, paths, o.repeats, o.chunk, progress)}
     except (BenchError, subprocess.TimeoutExpired, ImportError) as exc:
-        sys.exit(f"python -m spmd.bench.formats: {exc}")
+        sys.exit(f"python -m benchmarks.formats: {exc}")
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     print(report(doc))

@@ -1,8 +1,8 @@
-"""spmd.bench.interactive: its table of medians and targets, and a small run beside ipyparallel."""
+"""benchmarks.interactive: its table of medians and targets, and a small run beside ipyparallel."""
 
 import pytest
 
-from spmd.bench import interactive as ib
+from benchmarks import interactive as ib
 
 
 @pytest.mark.unit
@@ -23,7 +23,7 @@ def test_the_report_takes_medians_and_says_which_targets_are_met():
 @pytest.mark.launcher
 @pytest.mark.timeout(400)
 def test_a_small_run_measures_every_case_of_both_tools():
-    pytest.importorskip("ipyparallel", reason="the bench extra: pip install 'spmd[bench]'")
+    pytest.importorskip("ipyparallel", reason="pip install -r benchmarks/requirements.txt")
     times = ib.measure(ranks=2, repeats=2, starts=1)  # raises if either all-reduce gave a wrong sum
     assert set(times) == {"x = 1", "all_reduce of 8 float64", "start of a world (restart, torch preloaded)",
                           "start of a whole session"}
@@ -35,9 +35,9 @@ def test_a_small_run_measures_every_case_of_both_tools():
 @pytest.mark.launcher
 @pytest.mark.timeout(400)
 def test_cells_in_two_real_kernels_are_timed_for_both_tools_and_their_sums_checked():
-    pytest.importorskip("ipyparallel", reason="the bench extra: pip install 'spmd[bench]'")
+    pytest.importorskip("ipyparallel", reason="pip install -r benchmarks/requirements.txt")
     pytest.importorskip("ipykernel", reason="the interactive extra: pip install 'spmd[interactive]'")
-    from spmd.bench.notebook import CELLS, measure_cells
+    from benchmarks.notebook import CELLS, measure_cells
 
     times = measure_cells(ranks=2, repeats=2)  # raises if a cell failed or either all-reduce gave a wrong sum
     assert set(times) == set(CELLS)

@@ -126,14 +126,14 @@ def open_world(backends=("mpi", "gloo"), threads=None):
     if placement.size < 2:
         raise BenchError(
             "spmd bench needs at least 2 ranks: start it under a launcher "
-            "(mpirun -n 2 spmd bench) or let it launch itself (spmd bench --launch 2)"
+            "(mpirun -n 2 spmd bench collectives) or let it launch itself (spmd bench collectives --launch 2)"
         )
     mpi = spmd_mpi = spmd_gloo = None
     if "mpi" in backends:
         if not placement.is_mpi:
             raise BenchError(
                 f"the mpi implementations need an MPI launcher, but this job was started by "
-                f"{placement.launcher}; use mpirun -n N spmd bench, or --backends gloo"
+                f"{placement.launcher}; use mpirun -n N spmd bench collectives, or --backends gloo"
             )
         from mpi4py import MPI
 

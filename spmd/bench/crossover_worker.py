@@ -1,11 +1,11 @@
 """One launch of the crossover measurement: an embedding's gradient as rows, or whole, at touched fractions.
 
-    spmd run -n 2 python -m spmd.bench.rows_worker '{"vocab": 30522, "width": 256, "repeats": 15}'
+    spmd run -n 2 python -m spmd.bench.crossover_worker '{"vocab": 30522, "width": 256, "repeats": 15}'
 
 For each fraction of the rows touched per rank (each rank its own rows),
 times ``RowSender.synchronize`` forced to send rows and forced to send the
 matrix (one all_reduce), alternating, median of the repeats; rank 0 prints
-``ROWS_BENCH {json}``: per fraction, ms of each and the choice spmd's byte
+``CROSSOVER_BENCH {json}``: per fraction, ms of each and the choice spmd's byte
 rule (``spmd.train.sparse_rows.CROSSOVER`` of the backend) makes.
 """
 
@@ -53,7 +53,7 @@ def run(o):
         out.append({"fraction": fraction, "rows": k, "rule": "dense" if chosen else "rows",
                     **{f"{w}_ms": max(v) * 1e3 for w, v in slowest.items()}})
     if comm.rank == 0:
-        print("ROWS_BENCH " + json.dumps({"ranks": comm.size, "backend": comm.backend, **o, "points": out}),
+        print("CROSSOVER_BENCH " + json.dumps({"ranks": comm.size, "backend": comm.backend, **o, "points": out}),
               flush=True)
     spmd.finalize()
 

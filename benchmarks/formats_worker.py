@@ -1,7 +1,7 @@
 """One launch of the formats benchmark: one tool's read-map-write of a Parquet file, Zarr store or .npy file.
 
-    mpirun -n 2 python -m spmd.bench.formats_worker spmd|mpi4py|mpi4py-tuned FORMAT INPUT OUTPUT CHUNK
-    python -m spmd.bench.formats_worker serial|dask|read FORMAT INPUT OUTPUT CHUNK
+    mpirun -n 2 python -m benchmarks.formats_worker spmd|mpi4py|mpi4py-tuned FORMAT INPUT OUTPUT CHUNK
+    python -m benchmarks.formats_worker serial|dask|read FORMAT INPUT OUTPUT CHUNK
 
 FORMAT is parquet, zarr or npy.  The map is the main job's mlp task (16 float32
 columns in, 8 out), the same function for every tool; each process uses
@@ -175,7 +175,7 @@ def dask_run(fmt, src, out, chunk):
     import dask
 
     # by their module's name, not __main__'s: Dask names its tasks by pickling the functions
-    from spmd.bench.formats_worker import compute, frame_part
+    from benchmarks.formats_worker import compute, frame_part
 
     compute(np.zeros((1, FEATURES), np.float32))
     with dask.config.set(scheduler="threads", num_workers=2):

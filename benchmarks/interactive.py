@@ -1,6 +1,6 @@
 """The interactive session beside ipyparallel: a statement's round trip, a small all-reduce, a world's start.
 
-    python -m spmd.bench.interactive [--ranks 4] [--repeats 20] [--starts 5] [--json FILE] [--no-kernel]
+    python -m benchmarks.interactive [--ranks 4] [--repeats 20] [--starts 5] [--json FILE] [--no-kernel]
 
 spmd: a Session of RANKS gloo ranks (what ``spmd repl`` and ``%%spmd`` run
 on).  ipyparallel: a Cluster of RANKS engines started by mpiexec
@@ -11,7 +11,7 @@ as ``%px`` drives it.  Each case alternates the two, medians of REPEATS:
 start of a world: spmd's restart from the host that keeps torch imported,
 spmd's whole start, and ipyparallel's cluster start.  Then the same two
 statements as cells in Jupyter kernels, ``%%spmd`` beside ``%%px``
-(spmd.bench.notebook).  Targets: 20 ms, 50 ms, 2 s (the restart); a cell's
+(benchmarks.notebook).  Targets: 20 ms, 50 ms, 2 s (the restart); a cell's
 the same as its statement's.
 """
 
@@ -128,23 +128,23 @@ def _fmt(seconds: float) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m spmd.bench.interactive", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.interactive", description=__doc__.split("\n")[0])
     parser.add_argument("--ranks", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--starts", type=int, default=5)
     parser.add_argument("--json", metavar="FILE")
     parser.add_argument("--no-kernel", action="store_true",
-                        help="leave out the cells in Jupyter kernels (spmd.bench.notebook)")
+                        help="leave out the cells in Jupyter kernels (benchmarks.notebook)")
     args = parser.parse_args(argv)
     import importlib.util
 
     if importlib.util.find_spec("ipyparallel") is None:
-        print("spmd bench interactive: ipyparallel is needed for the comparison: pip install 'spmd[bench]' "
-              "(bin/setup installs it)", file=sys.stderr)
+        print("python -m benchmarks.interactive: ipyparallel is needed for the comparison: "
+              "pip install -r benchmarks/requirements.txt (bin/setup installs it)", file=sys.stderr)
         return 2
     times = measure(args.ranks, args.repeats, args.starts)
     if not args.no_kernel:
-        from spmd.bench.notebook import measure_cells
+        from benchmarks.notebook import measure_cells
 
         times.update(measure_cells(args.ranks, args.repeats))
     print(report(times, args.ranks))

@@ -1,6 +1,6 @@
 """Tests under pytest: spmd's plugin beside pytest_parallel, one mpirun per test and MultiProcessTestCase.
 
-    python -m spmd.bench.pytest_plugin [--tests 200] [--ranks 4] [--repeats 3] [--per-test-sample 10]
+    python -m benchmarks.pytest_runners [--tests 200] [--ranks 4] [--repeats 3] [--per-test-sample 10]
 
 Writes the same N tests of R ranks (an all_reduce, a broadcast and an all_gather,
 each checked) in each tool's API into a temporary directory, and times each way
@@ -22,7 +22,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from spmd.errors import BenchError
-from spmd.bench.startup import _clean_env, find_mpirun
+from spmd.bench.startup import clean_env, find_mpirun
 
 __all__ = ["WAYS", "LABELS", "FILES", "sources", "sample", "commands", "measure", "bench", "table", "targets",
            "report", "main"]
@@ -180,7 +180,7 @@ def commands(paths, ranks, picked, mpirun, block_parallel=False, parallel_entry=
 
 
 def _env(tools_path):
-    env = _clean_env({})
+    env = clean_env({})
     if tools_path:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (tools_path, env.get("PYTHONPATH")) if p)
     return env
@@ -357,7 +357,7 @@ def report(doc):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m spmd.bench.pytest_plugin", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.pytest_runners", description=__doc__.split("\n")[0])
     p.add_argument("--tests", type=int, default=200, help="tests in each file [default: 200]")
     p.add_argument("--ranks", type=int, default=4, help="ranks of each test [default: 4]")
     p.add_argument("--repeats", type=int, default=3)
@@ -376,7 +376,7 @@ def main(argv=None):
     try:
         doc = bench(o.tests, o.ranks, o.repeats, o.per_test_sample, ways, o.tools_path, progress)
     except (BenchError, subprocess.TimeoutExpired) as exc:
-        sys.exit(f"python -m spmd.bench.pytest_plugin: {exc}")
+        sys.exit(f"python -m benchmarks.pytest_runners: {exc}")
     print(report(doc))
     if o.json_path:
         from spmd.bench.report import write_json

@@ -1,4 +1,4 @@
-"""spmd.bench.pytest_plugin: the generated tests, the command lines, the scaling and the table.
+"""benchmarks.pytest_runners: the generated tests, the command lines, the scaling and the table.
 
 Nothing is launched: the runs are replaced where a test needs them.
 """
@@ -9,7 +9,7 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-from spmd.bench import pytest_plugin as pb
+from benchmarks import pytest_runners as pb
 from spmd.cli.bench import bench
 
 PY = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
@@ -160,18 +160,19 @@ def test_a_failing_spmd_way_ends_the_benchmark(monkeypatch):
 
 
 @pytest.mark.unit
-def test_the_cli_option(monkeypatch):
+def test_its_command_line(monkeypatch, capsys):
     seen = {}
 
-    def fake(tests, ranks, repeats, per_test, tools_path=None, progress=None):
-        seen.update(tests=tests, ranks=ranks, repeats=repeats, per_test=per_test, tools_path=tools_path)
+    def fake(tests, ranks, repeats, per_test, ways, tools_path, progress):
+        seen.update(tests=tests, ranks=ranks, repeats=repeats, per_test=per_test, ways=ways, tools_path=tools_path)
         return _doc({"spmd": [1.0]}, tests=tests)
 
     monkeypatch.setattr(pb, "bench", fake)
-    out = CliRunner().invoke(bench, ["--pytest", "--tests", "20", "--test-ranks", "2", "--per-test-sample", "5",
-                                     "--tools-path", "/x", "--quiet"])
-    assert out.exit_code == 0, out.output
-    assert seen == {"tests": 20, "ranks": 2, "repeats": 3, "per_test": 5, "tools_path": "/x"}
-    assert "| spmd plugin, `pytest` | 1.00 |" in out.output
-    clash = CliRunner().invoke(bench, ["--pytest", "--train"])
-    assert clash.exit_code == 2 and "separate benchmarks" in clash.output
+    pb.main(["--tests", "20", "--ranks", "2", "--per-test-sample", "5", "--tools-path", "/x", "--quiet"])
+    assert seen == {"tests": 20, "ranks": 2, "repeats": 3, "per_test": 5, "ways": list(pb.WAYS), "tools_path": "/x"}
+    assert "| spmd plugin, `pytest` | 1.00 |" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        pb.main(["--ways", "spmd,nose"])
+    assert "--ways: choose from" in capsys.readouterr().err
+    flat = CliRunner().invoke(bench, ["--pytest"])  # spmd bench's flat form names where this benchmark is
+    assert flat.exit_code == 2 and "python -m benchmarks.pytest_runners" in flat.output

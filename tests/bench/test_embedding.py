@@ -1,9 +1,9 @@
-"""spmd.bench.rows: its summary and target arithmetic, and a tiny run of every case (bytes, not times)."""
+"""spmd.bench.embedding: its summary and target arithmetic, and a tiny run of every case (bytes, not times)."""
 
 import pytest
 import torch
 
-from spmd.bench import rows as rb
+from spmd.bench import embedding as rb
 from spmd.bench.train_worker import load_job as rb_job
 
 
@@ -67,3 +67,15 @@ def test_a_tiny_run_of_every_case_sends_fewer_bytes_as_rows():
         assert sparse["wire_mb"] < half["wire_mb"] < dense["wire_mb"]
     assert got["DDP dense embedding (gloo)"]["wire_mb"] == pytest.approx(got["DataParallel dense (gloo)"]["wire_mb"],
                                                                          rel=0.01)
+
+
+@pytest.mark.launcher
+@pytest.mark.timeout(300)
+def test_the_crossover_times_both_ways_at_every_fraction_and_names_the_rules_choice():
+    from spmd.bench.crossover_worker import FRACTIONS
+
+    found = rb.crossover(ranks=2, backend="gloo", vocab=400, width=8, repeats=2, launcher="spmd")
+    assert (found["ranks"], found["backend"], found["vocab"]) == (2, "gloo", 400)
+    assert [p["fraction"] for p in found["points"]] == list(FRACTIONS)
+    assert all(p["rows_ms"] > 0 and p["dense_ms"] > 0 and p["rule"] in ("rows", "dense") for p in found["points"])
+    assert found["points"][0]["rows"] == 2 and "400 x 8 float32, 2 ranks, gloo" in rb.crossover_table(found)

@@ -1,6 +1,6 @@
 """The guide's BERT case: the embedding's gradient as rows (``sparse_rows``) beside dense averaging and DDP.
 
-    python -m spmd.bench.rows [--ranks 2,4] [--backends gloo,mpi] [--repeats 3] [--vocab 30522]
+    python -m spmd.bench.embedding [--ranks 2,4] [--backends gloo,mpi] [--repeats 3] [--vocab 30522]
 
 jobs/train_dp.py's TinyBert with BERT's vocabulary, trained with SGD, each
 case a launch of its own (:mod:`spmd.bench.train_worker`), interleaved over
@@ -119,20 +119,21 @@ def losses(steps=200, ranks=2, backend="gloo", model=None, launcher="auto", prog
 
 
 def crossover(ranks=2, backend="gloo", vocab=30522, width=256, repeats=15, launcher="auto"):
-    """Time one embedding's gradient sent as rows and whole, at touched fractions (spmd.bench.rows_worker)."""
+    """Time one embedding's gradient sent as rows and whole, at touched fractions (spmd.bench.crossover_worker)."""
     import json
 
-    from spmd.bench.startup import _clean_env, find_mpirun, launch_record
+    from spmd.bench.startup import clean_env, find_mpirun, launch_record
 
-    args = ["-m", "spmd.bench.rows_worker", json.dumps({"vocab": vocab, "width": width, "repeats": repeats})]
+    args = ["-m", "spmd.bench.crossover_worker", json.dumps({"vocab": vocab, "width": width, "repeats": repeats})]
     mpirun = find_mpirun()
     if launcher == "spmd" or (mpirun is None and backend == "gloo"):
-        cmd = [sys.executable, "-c", "from spmd.cli import main; main()", "run", "-n", str(ranks), *args]
+        cmd = [sys.executable, "-c", "from spmd.cli import main; main()", "run", "--no-prefix", "-n", str(ranks),
+               *args]
     elif mpirun is None:
         raise BenchError("the crossover on mpi needs mpirun: pip install mpich")
     else:
         cmd = [mpirun, "-n", str(ranks), sys.executable, *args]
-    return launch_record(cmd, _clean_env({"SPMD_BACKEND": backend}), "ROWS_BENCH", 900)
+    return launch_record(cmd, clean_env({"SPMD_BACKEND": backend}), "CROSSOVER_BENCH", 900)
 
 
 def crossover_table(found):
@@ -174,7 +175,7 @@ def report(doc):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m spmd.bench.rows", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m spmd.bench.embedding", description=__doc__.split("\n")[0])
     p.add_argument("--ranks", default="2,4")
     p.add_argument("--backends", default="gloo,mpi")
     p.add_argument("--repeats", type=int, default=3)
@@ -206,7 +207,7 @@ def main(argv=None):
         if o.loss_steps:
             doc["losses"] = losses(o.loss_steps, 2, "gloo", model, o.launcher, progress)
     except (BenchError, subprocess.TimeoutExpired) as exc:
-        sys.exit(f"python -m spmd.bench.rows: {exc}")
+        sys.exit(f"python -m spmd.bench.embedding: {exc}")
     doc["load_average_end"] = list(os.getloadavg())
     print(report(doc))
     if o.json_path:
