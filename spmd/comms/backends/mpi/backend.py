@@ -414,27 +414,18 @@ class MpiBackend(Backend):
         return self._even_pieces(full) if even and lengths[0] else split_rows(full, lengths)
 
     def gather(self, x, lengths, root, out, async_op):
-        even = lengths.count(lengths[0]) == self.size
-        if self.rank != root:
-            c = _contig(x)
+        if self.rank == root:
+            send, c, full, recv, even = self._gathered(x, lengths, out)
+        else:
+            c, full, recv, even = _contig(x), None, None, lengths.count(lengths[0]) == self.size
             send = [_raw(c), MPI.BYTE]
-            blocking = self._c.Gather if even else self._c.Gatherv
-            nonblocking = self._c.Igather if even else self._c.Igatherv
-            return self._go(
-                async_op,
-                lambda: blocking(send, None, root),
-                lambda: nonblocking(send, None, root),
-                lambda: _kept(None, c),  # the send buffer stays alive until done
-            )
-        send, c, full, recv, even = self._gathered(x, lengths, out)
+
+        def finish():  # c, the send buffer, stays alive until done
+            return _kept(None if full is None else self._pieces(full, lengths, even), c)
+
         blocking = self._c.Gather if even else self._c.Gatherv
         nonblocking = self._c.Igather if even else self._c.Igatherv
-        return self._go(
-            async_op,
-            lambda: blocking(send, recv, root),
-            lambda: nonblocking(send, recv, root),
-            lambda: _kept(self._pieces(full, lengths, even), c),
-        )
+        return self._go(async_op, lambda: blocking(send, recv, root), lambda: nonblocking(send, recv, root), finish)
 
     def all_gather(self, x, lengths, out, async_op):
         send, c, full, recv, even = self._gathered(x, lengths, out)
