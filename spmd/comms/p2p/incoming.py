@@ -3,7 +3,7 @@
 The header (the array's description) is received first; the data's
 receive is posted once it has come, into a new array of the described
 kind, dtype and shape, or into ``out``.  On a backend whose receives take
-messages shorter than their buffer (``_inline_bytes`` > 0: mpi), data of
+messages shorter than their buffer (the backend's ``inline_bytes`` > 0: mpi, gloo), data of
 at most that many bytes comes in the header's message itself, and is
 copied out of it (:func:`land`).  :class:`Incoming` is moved on by
 whoever waits (MPI: a test makes progress); :class:`Threaded` waits for
