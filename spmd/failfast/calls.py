@@ -4,25 +4,21 @@ Every call gets a sequence number and a short record, a :class:`Call`
 (name, root, op, dtype, shape; peer and tag for point to point), kept in
 a small ring, so a timeout can say what this rank last called.  Debug
 mode (``SPMD_DEBUG=1``) compares each call's record (its fingerprint)
-across ranks before running it, and names the caller's file and line.  Trace mode (``SPMD_TRACE=path``) records the
-start and duration of every collective; at finalize rank 0 prints a
-table and writes a Chrome trace merged across ranks.
+across ranks before running it, and names the caller's file and line.  Trace mode (``SPMD_TRACE=path``)
+records the start and duration of every call; :mod:`spmd.failfast.trace` merges them at finalize.
 """
 
 from __future__ import annotations
 
 import collections
-import json
-import os
 import sys
 import time
 from typing import Any, NamedTuple
 
 from spmd.errors import CollectiveError, CollectiveTimeout, CommunicationError, PeerLostError
-from spmd.util.bandwidth import bus_factor
 from spmd.util.paths import is_spmd_file
 
-__all__ = ["Call", "named", "Monitor", "fingerprint_mismatch", "timed_out", "summarize", "chrome_trace"]
+__all__ = ["Call", "named", "Monitor", "fingerprint_mismatch", "timed_out", "P2P"]
 
 
 # Shape rules: which ranks' shapes must agree for each collective.
@@ -177,6 +173,7 @@ class Monitor:
         self.trace = trace  # path for the merged trace, or None
         self.events = [] if trace else None
         self.nvtx = nvtx
+        self.world = True  # the world communicator's (a split's monitor says False)
         self.active = bool(debug or trace or nvtx)
         self.family = [self]  # this monitor and its sub-communicators', for watchdogs
         #: Whether a call may have left something behind: a point-to-point message, a sub-communicator.
@@ -193,6 +190,7 @@ class Monitor:
         """Return a monitor for a sub-communicator, sharing the trace's event list."""
         sub = Monitor(self.debug, None, self.nvtx)
         sub.events = self.events
+        sub.world = False
         sub.active = self.active
         sub.family = self.family
         self.family.append(sub)
@@ -288,6 +286,10 @@ class Monitor:
         event = {"name": call.name, "seq": call.seq, "bytes": _nbytes(x), "ts": wall, "dur": None}
         if call.name in P2P:
             event["peer"], event["tag"] = peer, call.tag
+        if not self.world:
+            event["sub"] = True  # a split's call: its ranks and numbers are not the world's
+        if async_op:
+            event["async"] = True  # timed to when its completion was seen, not to when it was over
         self.events.append(event)
         if not async_op:
             event["dur"] = time.perf_counter() - start
@@ -329,65 +331,3 @@ def first_line(exc):
     """The first line of a backend's error, at most 200 characters: what a report quotes."""
     text = str(exc)
     return (text.splitlines()[0] if text else type(exc).__name__)[:200]
-
-
-def summarize(events, size):
-    """Return rows (op, count, bytes, seconds, algbw, busbw) from all ranks' events."""
-    by_op = collections.defaultdict(lambda: [0, 0, 0.0])
-    for e in events:
-        if e["dur"] is None:
-            continue
-        row = by_op[e["name"]]
-        row[0] += 1
-        row[1] += e["bytes"]
-        row[2] += e["dur"]
-    rows = []
-    for name, (count, nbytes, seconds) in sorted(by_op.items()):
-        algbw = nbytes / seconds if seconds > 0 else 0.0
-        factor = bus_factor(name, size) if size > 1 else 1.0
-        rows.append((name, count, nbytes, seconds, algbw, algbw * factor))
-    return rows
-
-
-def format_summary(rows, size):
-    """Render summarize()'s rows as a text table (times summed over ranks)."""
-    lines = [
-        f"spmd trace: collectives over {size} ranks (times and bytes summed over ranks)",
-        f"{'op':<18}{'count':>8}{'bytes':>14}{'time s':>10}{'algbw GB/s':>12}{'busbw GB/s':>12}",
-    ]
-    for name, count, nbytes, seconds, algbw, busbw in rows:
-        lines.append(
-            f"{name:<18}{count:>8}{nbytes:>14}{seconds:>10.4f}{algbw / 1e9:>12.3f}{busbw / 1e9:>12.3f}"
-        )
-    return "\n".join(lines)
-
-
-def chrome_trace(per_rank):
-    """Return a Chrome trace (Perfetto-readable) from each rank's events."""
-    out = []
-    for rank, events in enumerate(per_rank):
-        out.append({"name": "process_name", "ph": "M", "pid": rank, "args": {"name": f"rank {rank}"}})
-        for e in events:
-            out.append({
-                "name": e["name"],
-                "ph": "X",
-                "pid": rank,
-                "tid": 0,
-                "ts": e["ts"] * 1e6,
-                "dur": (e["dur"] or 0.0) * 1e6,
-                "args": {"seq": e["seq"], "bytes": e["bytes"],
-                         **{k: e[k] for k in ("peer", "tag") if k in e}},
-            })
-    return {"traceEvents": out, "displayTimeUnit": "ms"}
-
-
-def write_trace(path, per_rank):
-    """Write the merged Chrome trace to path, atomically when it is a regular file."""
-    if os.path.exists(path) and not os.path.isfile(path):  # a device or a pipe: write into it
-        with open(path, "w") as f:
-            json.dump(chrome_trace(per_rank), f)
-        return
-    from spmd.util.atomic import atomic_write
-
-    with atomic_write(path, text=True) as f:
-        json.dump(chrome_trace(per_rank), f)

@@ -391,10 +391,8 @@ def _report_trace(comm):
     mon = comm._mon
     if mon.events is None:
         return
-    per_rank = comm._backend.gather_object(mon.events, 0)
+    said = comm._backend.gather_object((comm.placement.host if comm.placement else None, mon.events), 0)
     if comm.rank == 0:
-        from spmd.failfast.calls import format_summary, summarize, write_trace
+        from spmd.failfast.trace import report
 
-        write_trace(mon.trace, per_rank)
-        rows = summarize([e for events in per_rank for e in events], comm.size)
-        sys.stderr.write(format_summary(rows, comm.size) + f"\ntrace written to {mon.trace}\n")
+        report(mon.trace, said, comm.size)

@@ -390,8 +390,27 @@ class Lab:
         _sh(*self.command(host, ["kill", f"-{sig}", "-1"]), check=False)
 
     def freeze(self, host, frozen=True):
-        """SIGSTOP (or SIGCONT) every process of host but its holder."""
+        """SIGSTOP (or SIGCONT) every process of host but its holder.
+
+        Thawing also continues the nsenter processes that entered host from this machine (the lab's
+        ssh clients: Hydra's launcher-exec, Open MPI's rsh agent): nsenter stops itself when its child
+        stops and waits for a SIGCONT that nothing inside the host can send, so a launcher would wait
+        for ever on a host that was frozen once.
+        """
         self.kill_all(host, "STOP" if frozen else "CONT")
+        if not frozen:
+            holder = f"/{self.host(host).holder}/ns/pid"
+            for entry in os.listdir("/proc"):
+                try:
+                    with open(f"/proc/{entry}/cmdline", "rb") as f:
+                        args = f.read().split(b"\0")
+                except (OSError, ValueError):
+                    continue
+                if args and args[0].endswith(b"nsenter") and any(a.endswith(holder.encode()) for a in args):
+                    try:
+                        os.kill(int(entry), signal.SIGCONT)
+                    except (OSError, ValueError):
+                        pass
 
     def names(self, host, loopback=False, own=True):
         """Write host's /etc/hosts: its own name as its address, as 127.0.1.1 (loopback), or absent."""

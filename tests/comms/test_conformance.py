@@ -623,7 +623,7 @@ def test_exchange_errors(comm):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_the_trace_records_point_to_point_with_bytes_peer_and_tag(backend, gloo_group):
-    from spmd.failfast.calls import chrome_trace
+    from spmd.failfast.trace import chrome_trace
 
     c = open_comm(backend, Monitor(trace="unused.json"))
     c.send(np.ones(10), 0, tag=6)

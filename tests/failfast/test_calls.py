@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from tests.support import MPIRUN, REPO, clean_env, run, tool
-from spmd.failfast.calls import Call, Monitor, call_name, chrome_trace, fingerprint_mismatch, named, summarize, timed_out
+from spmd.failfast.calls import Call, Monitor, call_name, fingerprint_mismatch, named, timed_out
+from spmd.failfast.trace import chrome_trace, summarize
 
 
 def fps(*calls):

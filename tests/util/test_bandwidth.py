@@ -3,7 +3,7 @@
 import pytest
 
 from spmd.bench.cases import ALL, BUSBW
-from spmd.failfast.calls import summarize
+from spmd.failfast.trace import summarize
 from spmd.util.bandwidth import bus_factor
 
 pytestmark = pytest.mark.unit
