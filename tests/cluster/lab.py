@@ -374,6 +374,7 @@ class Lab:
         for host in self.all_hosts():
             if host is not self.login:
                 self.kill_all(host.name)
+                self.freeze(host.name, False)  # and the nsenter clients a freeze stopped end with their child
             self.mend(host.name)
             self.uncap(host.name)
             _sh("ip", "netns", "exec", host.netns, "sh", "-c",
@@ -456,6 +457,26 @@ class Lab:
         for me, other in ((a, b), (b, a)):
             _sh("ip", "netns", "exec", me.netns, "iptables", "-A", "INPUT", "-s", other.address, "-j", "DROP")
             _sh("ip", "netns", "exec", me.netns, "iptables", "-A", "OUTPUT", "-d", other.address, "-j", "DROP")
+
+    def lose(self, host, fraction):
+        """Drop that fraction of the packets host's link carries, at random, each way (iptables' statistic
+        match on eth0: the loss of a bad cable or a congested switch port; TCP retransmits them)."""
+        ensure_iptables()
+        ns = self.host(host).netns
+        for chain, way in (("INPUT", "-i"), ("OUTPUT", "-o")):
+            _sh("ip", "netns", "exec", ns, "iptables", "-A", chain, way, "eth0")  # counts every packet
+            _sh("ip", "netns", "exec", ns, "iptables", "-A", chain, way, "eth0", "-m", "statistic", "--mode",
+                "random", "--probability", f"{fraction:g}", "-j", "DROP")
+
+    def losses(self, host):
+        """Return {chain: (packets, dropped)} of host's link since lose(): what its firewall counted."""
+        out = {}
+        for chain in ("INPUT", "OUTPUT"):
+            listing = subprocess.run(["ip", "netns", "exec", self.host(host).netns, "iptables", "-L", chain, "-v",
+                                      "-x", "-n"], capture_output=True, text=True, check=True).stdout
+            counts = [int(line.split()[0]) for line in listing.splitlines()[2:] if line.strip()]
+            out[chain] = (counts[0], counts[1])  # the counting rule, then the dropping one
+        return out
 
     def reject(self, host, peer, port):
         """host's firewall answers TCP from peer to port with a reset (a refusal, not a silence)."""
