@@ -129,7 +129,7 @@ def _start(settings, environ, guarded=True):
         mpiworld.release_segments_of(mpi_world)
         return comm, [timer, hub] + side
     from spmd.comms.backends.torchdist.default_group import init_process_group, open_backend
-    from spmd.failfast.hub import open_hub, store_share
+    from spmd.failfast.hub import hub_share, open_hub
 
     store, device, guards = None, "cpu", []
     if not torch_mpi:  # torch's own MPI group meets through MPI itself
@@ -139,9 +139,7 @@ def _start(settings, environ, guarded=True):
     init_process_group(name, store, placement.rank, placement.size, seconds, device)
     comm = Comm(open_backend(name, device, timeout=seconds, store=store), placement, monitor)
     if store is not None and guarded:
-        share = store_share(store, placement.rank)
-        # the job store's interface (not torchrun's store), else this rank's chosen address
-        host = getattr(store, "address", (placement.address,))[0]
+        share, host = hub_share(store, placement.rank, comm.broadcast_object, placement.address)
         guards.append(open_hub(placement.rank, placement.size, share, placement.num_nodes == 1, seconds,
                                monitor.family, host))
     mpiworld.release_segments_of(mpi_world)

@@ -17,7 +17,7 @@ import time
 import pytest
 
 from tests.support import MPIRUN, PY, clean_env, start
-from spmd.failfast.hub import MAX_PENDING, PEER_EXIT, open_hub
+from spmd.failfast.hub import MAX_PENDING, PEER_EXIT, hub_share, open_hub
 from spmd.util.authserver import HELLO_WITHIN
 
 SIZE = 3  # rank 0 in this process, ranks 1 and 2 played by sockets
@@ -153,6 +153,28 @@ def test_the_hub_listens_on_loopback_only_when_every_rank_is_local(hub):
     assert hub._server.getsockname()[0] == "127.0.0.1"
     assert re.fullmatch(r"127\.0\.0\.1:(\d+) [0-9a-f]{32}", hub.shared[0])
     assert int(hub.shared[0].split(":")[1].split()[0]) == hub.address[1]
+
+
+@pytest.mark.unit
+def test_the_hub_shares_its_secret_through_the_job_store_but_never_through_torchruns():
+    """spmd's job store serves only the job's ranks: the secret goes there; torchrun's serves anyone who
+    reaches it (tests/cluster/test_outsiders.py read it from another host): the secret goes over the group."""
+    import torch.distributed as dist
+
+    class JobStoreLike(dict):
+        address = ("198.18.0.11", 4000)
+
+        def set(self, key, value):
+            self[key] = value.encode()
+
+    own = JobStoreLike()
+    share, host = hub_share(own, 0, None, "10.0.0.1")
+    assert (share("198.18.0.11:5000 s3cret"), host, own) == (
+        "198.18.0.11:5000 s3cret", "198.18.0.11", {"spmd/hub": b"198.18.0.11:5000 s3cret"})
+    theirs, sent = dist.PrefixStore("spmd/0", dist.HashStore()), []
+    share, host = hub_share(theirs, 0, lambda value: sent.append(value) or value, "10.0.0.1")
+    assert (share("10.0.0.1:5000 s3cret"), host, sent) == ("10.0.0.1:5000 s3cret", "10.0.0.1", ["10.0.0.1:5000 s3cret"])
+    assert theirs.num_keys() == 0
 
 
 def _outward_address():

@@ -11,15 +11,14 @@ import ipaddress
 import json
 import os
 import re
-import socket
 import threading
 import time
-from datetime import timedelta
 
 import pytest
 
 from tests.support import MPIRUN, PY, WORLDS, clean_env, finish, start, tool
 from tests.worlds.listening import listening as listening_of
+from tests.worlds.stranger import banner, intrude
 
 pytestmark = pytest.mark.launcher
 
@@ -59,51 +58,6 @@ def test_no_socket_of_a_two_rank_job_listens_on_every_interface(launcher):
         assert ours, f"rank {rank} listens on nothing of its own: the listing is broken\n{out[-2000:]}"
         wide = {inode: addr for inode, addr in ours.items() if wildcard(addr[0])}
         assert not wide, f"{launcher}: rank {rank} listens on every interface: {wide}\n{out[-3000:]}"
-
-
-def banner(host, port):
-    try:
-        with socket.create_connection((host, port), timeout=1) as s:
-            s.settimeout(1)
-            return s.recv(64)
-    except OSError:
-        return b""
-
-
-def intrude(host, port):
-    """Try to read, write and delete keys at host:port as three kinds of outsider; return what got through."""
-    from torch.distributed import TCPStore
-
-    from spmd.errors import RendezvousError
-    from spmd.runtime.jobstore import JobStore
-
-    through = []
-    guess = JobStore((host, port), b"0123456789abcdef0123456789abcdef", 2)
-    for name, attempt in [("set", lambda: guess.set("spmd/hub", "127.0.0.1:1 evil")),
-                          ("get", lambda: guess.get("spmd/hub")), ("delete", lambda: guess.delete_key("spmd/hub")),
-                          ("list", lambda: guess.list_keys()), ("add", lambda: guess.add("spmd/arrived/1", 1))]:
-        try:
-            through.append((f"a wrong secret's {name}", attempt()))
-        except RendezvousError:
-            pass
-    try:
-        tcp = TCPStore(host, port, None, False, timedelta(seconds=2), wait_for_workers=False)
-        through.append(("torch's TCPStore client", tcp.list_keys()))
-    except Exception:  # noqa: BLE001 - torch raises DistStoreError or RuntimeError: refused either way
-        pass
-    with socket.create_connection((host, port), timeout=2) as raw:  # a request before any answer
-        from spmd.runtime.jobstore import frames
-
-        raw.settimeout(2)
-        raw.recv(64)
-        raw.sendall(frames.frame(frames.OPS["set"], b"spmd/hub", b"evil") + frames.frame(frames.OPS["list_keys"]))
-        try:
-            reply = raw.recv(64)
-        except OSError:
-            reply = b""
-        if reply:
-            through.append(("a request without the answer", reply))
-    return through
 
 
 def outsider(text, alive, flags, probe_all, seconds=90):

@@ -24,11 +24,50 @@ def listening(pid="self"):
 
 
 def ancestors():
-    pid, seen = os.getppid(), []
+    return ancestors_of(os.getpid())
+
+
+def of_job(mark):
+    """Every process of this host whose environment holds mark (a job's ranks, torchrun's agent): pid, its
+    rank (PMI_RANK or RANK; None for a launcher's process), and the sockets it listens on, those it shares
+    with a process above it (the launcher's, inherited) apart: what an outsider could read from /proc."""
+    from tests.support import marked
+
+    found = []
+    for pid in sorted(marked(mark)):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as env:
+                names = dict(v.split(b"=", 1) for v in env.read().split(b"\0") if b"=" in v)
+            own = listening(pid)
+            inherited = set().union(set(), *(set(listening(p)) for p in ancestors_of(pid)))
+        except OSError:  # gone meanwhile
+            continue
+        rank = names.get(b"PMI_RANK", names.get(b"RANK"))
+        if rank is None and not own:  # a shell that merely names the mark
+            continue
+        found.append({"pid": pid, "rank": None if rank is None else int(rank),
+                      "own": sorted(a for k, a in own.items() if k not in inherited),
+                      "inherited": sorted(a for k, a in own.items() if k in inherited)})
+    return found
+
+
+def ancestors_of(pid):
+    """pid's parent, its parent and so on (six at most), below this host's PID 1."""
+    seen = []
+    pid = _parent(pid)
     while pid > 1 and len(seen) < 6:
         seen.append(pid)
-        with open(f"/proc/{pid}/stat") as stat:
-            pid = int(stat.read().rsplit(")", 1)[1].split()[1])
+        pid = _parent(pid)
     return seen
 
 
+def _parent(pid):
+    with open(f"/proc/{pid}/stat") as stat:
+        return int(stat.read().rsplit(")", 1)[1].split()[1])
+
+
+if __name__ == "__main__":  # python -m tests.worlds.listening MARK: the job's listeners on this host, as JSON
+    import json
+    import sys
+
+    print(json.dumps(of_job(sys.argv[1])))

@@ -20,11 +20,11 @@ from spmd.failfast.hub.client import HubClient
 from spmd.failfast.hub.judge import WINDOW
 from spmd.failfast.hub.messages import MAX_LINE
 from spmd.failfast.hub.relay import HubServer
-from spmd.failfast.hub.share import store_share
+from spmd.failfast.hub.share import hub_share, store_share
 from spmd.util.authserver import MAX_PENDING
 
-__all__ = ["open_hub", "Hub", "HubServer", "HubClient", "Reply", "store_share", "PEER_EXIT", "WINDOW", "MAX_LINE",
-           "MAX_PENDING"]
+__all__ = ["open_hub", "Hub", "HubServer", "HubClient", "Reply", "store_share", "hub_share", "PEER_EXIT", "WINDOW",
+           "MAX_LINE", "MAX_PENDING"]
 
 
 def open_hub(rank: int, size: int, share: Callable[[str | None], str], local_only: bool, timeout: float,
