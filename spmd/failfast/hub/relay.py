@@ -144,9 +144,9 @@ class HubServer(AuthServer, Hub):
 
     def _due(self) -> float | None:
         due = [d for d in (self._verdicts.deadline(), self._stacks.deadline) if d is not None]
-        if self._silence is not None:
+        if self._silence is not None and not self._closing:
             due += [d for d in (self._next_beat, self._silence.deadline()) if d is not None]
-        if self._dead:
+        if self._dead and not self._closing:
             due.append(self._dead_due)
         return min(due) if due else None
 
