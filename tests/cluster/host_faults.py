@@ -74,6 +74,17 @@ def _job_processes(lab, host):
     return [line.strip() for line in out.splitlines() if line.strip() and not _NOT_THE_JOB.search(line)]
 
 
+def _left(lab, host, seconds=3.0):
+    """host's job processes that are still there seconds after the launcher ended (one caught exiting,
+    '[python]' without its arguments, is not left)."""
+    deadline = time.monotonic() + seconds
+    left = _job_processes(lab, host)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.2)
+        left = _job_processes(lab, host)
+    return left
+
+
 def _ranks(lines):
     return [line for line in lines if str(JOB) in line and "torchrun" not in line]
 
@@ -127,7 +138,7 @@ def strike(lab, launcher, backend, fault, port=29531, limit=120, compute=COMPUTE
                                                 or time.monotonic() - struck > ended.ranks_end + launcher_wait):
                 break
         ended.statuses = [job.proc.poll() for job in jobs]
-        ended.left = _job_processes(lab, "h1")
+        ended.left = _left(lab, "h1")
     finally:
         for job in jobs:
             job.kill()
