@@ -186,7 +186,8 @@ HUB = {f"spmd.failfast.hub.{m}" for m in ("base", "client", "judge", "peers", "m
     ("spmd.failfast.abort", {"spmd.errors", "spmd.config", "spmd.config.placement", "spmd.failfast.report"}),
     ("spmd.failfast.hub", {"spmd.failfast.abort", "spmd.failfast.report", *HUB, *AUTHSERVER}),
     ("spmd.failfast.hub.relay", {"spmd.failfast.abort", "spmd.failfast.report", *HUB, *AUTHSERVER}),
-    ("spmd.failfast.hub.judge", {"spmd.failfast.report", "spmd.failfast.hub.messages"}),  # no sockets, no threads
+    ("spmd.failfast.hub.judge", {"spmd.failfast.report", "spmd.failfast.hub.messages", "spmd.util",
+                                 "spmd.util.words"}),  # no sockets, no threads
     ("spmd.failfast.mpi_timeout", {"spmd.failfast.abort", "spmd.failfast.calls"}),
     ("spmd.failfast.report", {"spmd.failfast.calls", "spmd.util", "spmd.util.paths", "spmd.util.words"}),
     ("spmd.runtime.proxy", {"spmd.runtime.start", "spmd.comms", "spmd.comms.comm"}),

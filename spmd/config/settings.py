@@ -27,6 +27,8 @@ __all__ = [
     "VARIABLES",
     "parse_backend",
     "parse_timeout",
+    "parse_heartbeat",
+    "DEFAULT_HEARTBEAT",
     "parse_keep_results",
     "parse_preempt_signal",
     "parse_torch_group",
@@ -38,6 +40,8 @@ __all__ = [
 BACKENDS = ("auto", "gloo", "nccl", "mpi")
 #: Seconds init and every collective may wait for the other ranks.
 DEFAULT_TIMEOUT = 1800.0
+#: Seconds between the fail-fast hub's heartbeats; a side silent for 5 of them (10 s) is declared lost.
+DEFAULT_HEARTBEAT = 2.0
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("", "0", "false", "no", "off")
@@ -70,6 +74,9 @@ class Settings:
     """Prefix each line of stdout and stderr with '[rank] ' (SPMD_TAG_OUTPUT), like spmd run."""
     hints: bool = True
     """Rank 0 says in one line when the job is set up slower than it could be (SPMD_HINTS; default on)."""
+    heartbeat: float = DEFAULT_HEARTBEAT
+    """Seconds between the hub's heartbeats, both ways (SPMD_HEARTBEAT); 0: none (a silent host is then
+    noticed only by a collective's timeout)."""
     preflight: Optional[bool] = None
     """Connect every pair of hosts before the backend starts, MPI_Init included (SPMD_PREFLIGHT=1); None
     (unset): only before MPICH's MPI_Init under Hydra across hosts, over its key-value space; False: never."""
@@ -92,6 +99,7 @@ class Settings:
             hints=_parse_flag(environ, "SPMD_HINTS", None) if environ.get("SPMD_HINTS", "").strip() else True,
             preflight=_parse_flag(environ, "SPMD_PREFLIGHT", None) if environ.get("SPMD_PREFLIGHT", "").strip()
             else None,
+            heartbeat=parse_heartbeat(environ),
         )
 
 
@@ -109,6 +117,7 @@ VARIABLES = {
     "tag_output": "SPMD_TAG_OUTPUT",
     "hints": "SPMD_HINTS",
     "preflight": "SPMD_PREFLIGHT",
+    "heartbeat": "SPMD_HEARTBEAT",
 }
 
 
@@ -140,6 +149,23 @@ def parse_timeout(environ: Mapping[str, str], timeout=None) -> float:
         raise SettingsError(
             f"timeout must be a positive number of seconds, got {value!r} from {source} "
             f"(for example 600, or unset it for the default {DEFAULT_TIMEOUT:g})"
+        )
+    return seconds
+
+
+def parse_heartbeat(environ: Mapping[str, str]) -> float:
+    """Return seconds between heartbeats from SPMD_HEARTBEAT (0: none), else DEFAULT_HEARTBEAT."""
+    text = environ.get("SPMD_HEARTBEAT", "")
+    if text.strip() == "":
+        return DEFAULT_HEARTBEAT
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not 0 <= seconds < float("inf"):
+        raise SettingsError(
+            f"SPMD_HEARTBEAT={text!r} is not a number of seconds: use 0 or more (for example 5; 0 turns the "
+            f"heartbeat off), or unset it for the default {DEFAULT_HEARTBEAT:g}"
         )
     return seconds
 

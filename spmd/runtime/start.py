@@ -125,7 +125,7 @@ def _start(settings, environ, guarded=True):
         comm = Comm(MpiBackend(mpi_world, seconds), placement, monitor)
         timer = MpiTimeout(comm, monitor.family)
         hub = open_hub(placement.rank, placement.size, comm.broadcast_object, placement.num_nodes == 1, seconds,
-                       monitor.family, placement.address)
+                       monitor.family, placement.address, card.name, settings.heartbeat)
         mpiworld.release_segments_of(mpi_world)
         return comm, [timer, hub] + side
     from spmd.comms.backends.torchdist.default_group import init_process_group, open_backend
@@ -141,7 +141,7 @@ def _start(settings, environ, guarded=True):
     if store is not None and guarded:
         share, host = hub_share(store, placement.rank, comm.broadcast_object, placement.address)
         guards.append(open_hub(placement.rank, placement.size, share, placement.num_nodes == 1, seconds,
-                               monitor.family, host))
+                               monitor.family, host, card.name, settings.heartbeat))
     mpiworld.release_segments_of(mpi_world)
     return comm, guards
 

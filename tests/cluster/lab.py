@@ -447,7 +447,11 @@ class Lab:
         _sh("ip", "-n", f"{self.name}-sw", "link", "set", self.host(host).port, "down")
 
     def mend(self, host):
+        """Bring host's link up, and forget every host's failed neighbour entries: an address that went
+        unanswered while the link was down stays 'No route to host' for a while otherwise."""
         _sh("ip", "-n", f"{self.name}-sw", "link", "set", self.host(host).port, "up")
+        for other in self.all_hosts():
+            _sh("ip", "-n", other.netns, "neigh", "flush", "all", check=False)
         self._settle([self.host(host)])
 
     def drop(self, host, peer):

@@ -41,7 +41,8 @@ def _send(address, data, hold):
 
 GARBAGE_GREETINGS = [
     b"HELLO x\n", b"HELLO\n", b"HELLO 1\n", b"HELLO 99 s\n", b"HELLO -1 s\n", b"HELLO 0 s\n",
-    b"HELLO 1 s extra\n", b"HELLO  1 s\n", b"HELLO \xff\xfe \x00\n", b"hello 1 s\n", b"\n", b"BYE\n",
+    b"HELLO 1 s extra words\n", b"HELLO 1 s bad/host\n", b"HELLO  1 s\n", b"HELLO \xff\xfe \x00\n", b"hello 1 s\n",
+    b"\n", b"BYE\n",
 ]
 
 

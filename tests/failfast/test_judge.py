@@ -5,7 +5,7 @@ No sockets, threads or clocks: the tests give the judge the times.
 
 import pytest
 
-from spmd.failfast.hub.judge import REUSE, WINDOW, Gathering, Verdicts, death
+from spmd.failfast.hub.judge import MISSES, REUSE, WINDOW, Gathering, Silence, Verdicts, death, silence
 
 pytestmark = pytest.mark.unit
 
@@ -46,6 +46,40 @@ def test_a_second_failure_of_one_rank_in_the_window_replaces_its_first():
 def test_a_death_names_the_rank():
     assert death(2, 4) == ("rank 2 of 4 died without reporting an error "
                            "(killed by a signal, or exited without finalize)")
+
+
+def test_deaths_and_silences_on_other_hosts_name_the_host_and_its_ranks():
+    hosts = {0: "h1", 1: "h1", 2: "h2", 3: "h2", 4: "h3"}
+    assert death(1, 5, hosts, "h1").startswith("rank 1 of 5 died")  # rank 0's own host: as on one host
+    assert death([3, 2], 5, hosts, "h1").startswith("ranks 2, 3 of 5 on h2 died without reporting an error")
+    assert silence({2: 10.4, 3: 9.2}, hosts).startswith("no word from h2 (ranks 2, 3) for 10 s (no heartbeat")
+    assert silence({4: 6.0, 2: 7.0}, hosts).startswith("no word from h2 (rank 2) and h3 (rank 4) for 7 s")
+    assert silence({7: 6.0}).startswith("no word from rank 7 for 6 s")  # a host not known
+
+
+def test_silence_is_declared_after_misses_beats_with_every_rank_that_missed_one():
+    s = Silence(2.0)
+    assert s.limit == 2.0 * MISSES and s.deadline() is None
+    s.heard(1, 0.0)
+    s.heard(2, 0.0)
+    s.heard(3, 0.0)
+    for now in (1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0):  # looked at every second
+        s.heard(3, now)
+        s.heard(2, min(now, 6.0))  # rank 2 stops at 6 s
+        assert s.silent(now) == {}
+    assert s.deadline() == 10.0
+    assert s.silent(10.0) == {1: 10.0, 2: 4.0}  # rank 2 missed a beat too; rank 3 did not
+    s.forget(1)
+    assert s.silent(10.0) == {}
+
+
+def test_time_the_judging_side_was_away_does_not_count():
+    s = Silence(2.0)
+    s.heard(1, 0.0)
+    assert s.silent(1.0) == {}
+    assert s.silent(61.0) == {}  # this side was stopped for a minute: rank 1 is not blamed for it
+    assert all(s.silent(now) == {} for now in range(62, 68))  # 10 s of silence counted from 58 s
+    assert s.silent(68.0) == {1: 10.0}  # and is, once it stays silent while this side looks
 
 
 def test_a_gathering_is_complete_once_every_rank_answered_and_answers_every_asker():

@@ -34,13 +34,25 @@ def test_a_line_over_the_limit_or_the_start_of_one_is_too_long():
 
 def test_the_greeting_needs_a_rank_of_the_job_and_its_secret():
     secret = messages.new_secret()
-    address, hello = messages.accept_invitation(messages.invitation("10.0.0.1", 4242, secret), 2)
-    assert address == ("10.0.0.1", 4242) and hello == b"HELLO 2 " + secret + b"\n"
-    assert messages.check_hello(hello[:-1], 3, secret) == (2, None)
-    assert messages.check_hello(hello[:-1], 2, secret) == (None, "hello")  # no rank 2 in a world of 2
-    for junk in (b"HELLO 0 " + secret, b"HELLO x " + secret, b"hello 1 " + secret, b"HELLO 1", b""):
-        assert messages.check_hello(junk, 3, secret) == (None, "hello"), junk
-    assert messages.check_hello(b"HELLO 1 " + messages.new_secret(), 3, secret) == (None, "secret")
+    address, hello, hub_host = messages.accept_invitation(messages.invitation("10.0.0.1", 4242, secret), 2)
+    assert address == ("10.0.0.1", 4242) and hello == b"HELLO 2 " + secret + b"\n" and hub_host is None
+    assert messages.check_hello(hello[:-1], 3, secret) == (2, None, None)
+    assert messages.check_hello(hello[:-1], 2, secret) == (None, None, "hello")  # no rank 2 in a world of 2
+    for junk in (b"HELLO 0 " + secret, b"HELLO x " + secret, b"hello 1 " + secret, b"HELLO 1", b"",
+                 b"HELLO 1 " + secret + b" h/2", b"HELLO 1 " + secret + b" " + b"h" * 65, b"HELLO 1 " + secret + b" a b"):
+        assert messages.check_hello(junk, 3, secret) == (None, None, "hello"), junk
+    assert messages.check_hello(b"HELLO 1 " + messages.new_secret(), 3, secret) == (None, None, "secret")
+
+
+def test_the_greeting_and_the_invitation_carry_host_names():
+    secret = messages.new_secret()
+    invitation = messages.invitation("10.0.0.1", 4242, secret, "h1")
+    address, hello, hub_host = messages.accept_invitation(invitation, 2, "node-2.cluster")
+    assert hub_host == "h1" and hello == b"HELLO 2 " + secret + b" node-2.cluster\n"
+    assert messages.check_hello(hello[:-1], 3, secret) == (2, "node-2.cluster", None)
+    # a name that could not travel in a line of words is left out, not sent
+    assert messages.invitation("10.0.0.1", 1, secret, "a b") == f"10.0.0.1:1 {secret.decode()}"
+    assert messages.accept_invitation(invitation, 2, "x\ny")[1] == b"HELLO 2 " + secret + b"\n"
 
 
 def test_each_side_reads_only_the_exact_words_of_the_other():
@@ -48,8 +60,9 @@ def test_each_side_reads_only_the_exact_words_of_the_other():
     assert messages.rank_says(b"ERR 0a1b") == (messages.ERR, "0a1b")
     assert messages.rank_says(b"WHERE timeout 90000") == (messages.WHERE, b"timeout", 60.0)  # at most a minute
     assert messages.rank_says(b"STACK 12") == (messages.STACK, 12)
+    assert messages.rank_says(b"BEAT") == (messages.BEAT,) and messages.hub_says(b"BEAT") == (messages.BEAT,)
     for junk in (b"FAIL ", b"ERR 0A", b"ERR", b"WHERE nap 10", b"STACK 0", b"STACK %d" % (messages.MAX_STACK + 1),
-                 b"ABORT", b"HELLO 1 s"):
+                 b"ABORT", b"HELLO 1 s", b"BEAT "):
         assert messages.rank_says(junk) is None, junk
     assert messages.hub_says(b"ABORT") == (messages.ABORT,) and messages.hub_says(b"SAME 3") == (messages.SAME, 3)
     assert messages.hub_says(b"REPORT 0") == (messages.REPORT, 0)

@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from spmd.failfast.abort import exit_now
+from spmd.failfast.hub.messages import host_name
 
 __all__ = ["Hub", "Reply", "REPORT_WAIT", "ANSWER_WAIT"]
 
@@ -55,11 +56,14 @@ class Hub:
     """Rank 0's relay of failures and the other ranks' connections to it: one authenticated connection per rank."""
 
     def __init__(self, rank: int, size: int, share: Callable[[str | None], str], local_only: bool,
-                 timeout: float, monitors: Sequence[Any] = ()) -> None:
+                 timeout: float, monitors: Sequence[Any] = (), name: str | None = None, beat: float = 0.0) -> None:
         """share(value) returns rank 0's value on every rank (a broadcast); local_only: every rank on this host;
-        timeout: seconds a rank has to connect; monitors: this rank's, for STACKS."""
+        timeout: seconds a rank has to connect; monitors: this rank's, for STACKS; name: this rank's host,
+        as reports name it; beat: seconds between heartbeats (0: none; docs/reliability.md, "Host faults")."""
         self.rank, self.size = rank, size
         self.monitors = monitors
+        self.name = host_name(name)
+        self.beat = beat
         self._closing = False  # from now on a closed connection is no death
         self._reporting = threading.Event()  # this rank asked judge(): an ABORT waits for its report
         self._printed = threading.Event()  # ... and it is written

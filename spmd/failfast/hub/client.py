@@ -2,14 +2,19 @@
 
 A rank acts only on rank 0's exact words on its own connection
 (docs/reliability.md, "The hub's protocol"); losing that connection
-without a BYE means rank 0 died, and ends this rank too.
+without a BYE means rank 0 died, and ends this rank too.  With a
+heartbeat, the thread says BEAT each interval, and ends this rank when
+rank 0 has said nothing for ``judge.MISSES`` intervals (its host is down,
+cut off or frozen).
 """
 
 from __future__ import annotations
 
 import json
+import select
 import socket
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -17,6 +22,7 @@ from spmd.failfast import report
 from spmd.failfast.abort import PEER_EXIT
 from spmd.failfast.hub import messages
 from spmd.failfast.hub.base import Hub, Reply
+from spmd.failfast.hub.judge import Silence, silence
 
 __all__ = ["HubClient"]
 
@@ -25,9 +31,9 @@ class HubClient(Hub):
     """A rank's connection to rank 0's hub, authenticated by the job's secret."""
 
     def __init__(self, rank: int, size: int, share: Callable[[str | None], str], local_only: bool,
-                 timeout: float, monitors: Sequence[Any] = ()) -> None:
-        super().__init__(rank, size, share, local_only, timeout, monitors)
-        address, hello = messages.accept_invitation(share(None), rank)
+                 timeout: float, monitors: Sequence[Any] = (), name: str | None = None, beat: float = 0.0) -> None:
+        super().__init__(rank, size, share, local_only, timeout, monitors, name, beat)
+        address, hello, self._hub_host = messages.accept_invitation(share(None), rank, self.name)
         self._sock = socket.create_connection(address, timeout=timeout)
         self._sock.settimeout(None)
         self._sock.sendall(hello)
@@ -39,11 +45,32 @@ class HubClient(Hub):
 
     def _watch(self) -> None:
         reader = messages.Reader()
+        heart = Silence(self.beat) if self.beat > 0 else None
+        if heart is not None:
+            heart.heard(0, time.monotonic())
+            next_beat = time.monotonic() + self.beat
         while True:
+            if heart is not None:
+                try:  # look at least twice an interval, so that a late look is this side's own absence
+                    ready = select.select([self._sock], [], [], self.beat / 2)[0]
+                except (OSError, ValueError):  # closed by close()
+                    ready = [self._sock]
+                now = time.monotonic()
+                if now >= next_beat:
+                    next_beat = now + self.beat
+                    self._send(messages.line(messages.BEAT))
+                silent = heart.silent(now)  # acted on only when nothing came
+                if not ready:
+                    if silent and not self._closing:
+                        self._silent(silent)
+                        return
+                    continue
             try:
                 chunk = self._sock.recv(65536)
             except OSError:
                 chunk = b""
+            if heart is not None:
+                heart.heard(0, time.monotonic())
             if not chunk:
                 self._verdict.cancel()  # no answer will come: print in full
                 self._report.cancel()
@@ -60,8 +87,17 @@ class HubClient(Hub):
                     if said is not None:
                         self._heard(reader, said)
 
+    def _silent(self, silent: dict[int, float]) -> None:
+        """Rank 0 sent no heartbeat for too long: end this rank, naming its host."""
+        self._verdict.cancel()
+        self._report.cancel()
+        hosts = {0: self._hub_host} if self._hub_host else {}
+        self._exit(PEER_EXIT, f"### spmd: rank {self.rank}: {silence(silent, hosts)}; ending")
+
     def _heard(self, reader: messages.Reader, said: tuple) -> None:
         """Act on a message of rank 0's."""
+        if said[0] == messages.BEAT:
+            return
         if said[0] == messages.ABORT:
             self._closing = True
             if not self._failing:  # the ABORT this rank's own FAIL caused must not win its exit (75)

@@ -3,30 +3,105 @@
 ``Verdicts``: which rank prints each error in full (the lowest that failed
 with it within WINDOW of the first failure).  ``Gathering``: the report of
 where every rank is, one at a time, complete when every rank answered or
-its wait is over, reused by the timeouts that follow it.  ``death``: what
-rank 0 says of a rank that vanished.  The server feeds them what the ranks
-said and when (docs/reliability.md, "One report per job").
+its wait is over, reused by the timeouts that follow it.  ``Silence``: who
+has not been heard from for MISSES heartbeats.  ``death`` and ``silence``:
+what rank 0 says of ranks that vanished or fell silent, by host.  Both
+sides feed them what was said and when (docs/reliability.md, "One report
+per job" and "Host faults").
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from collections.abc import Iterable, Mapping
+
 from spmd.failfast import report
 from spmd.failfast.hub.messages import MAX_STACK
+from spmd.util.words import ranks_text
 
-__all__ = ["Verdicts", "Gathering", "death", "WINDOW", "REUSE"]
+__all__ = ["Verdicts", "Gathering", "Silence", "death", "silence", "WINDOW", "REUSE", "MISSES"]
 
 #: Seconds the hub collects failures after the first one before it says which rank prints each in full.
 WINDOW = 0.4
 #: Seconds a report of stacks asked for at a timeout serves the timeouts that follow it.
 REUSE = 10.0
+#: Heartbeats missed in a row after which a side is declared silent (SPMD_HEARTBEAT seconds apart).
+MISSES = 5
 
 
-def death(rank: int, size: int) -> str:
-    """What ends the job when rank's connection closed without a word."""
-    return (f"rank {rank} of {size} died without reporting an error "
-            "(killed by a signal, or exited without finalize)")
+def by_host(ranks: Iterable[int], hosts: Mapping[int, str]) -> list[tuple[str | None, list[int]]]:
+    """ranks grouped by their host (None: not known), in order of each host's lowest rank."""
+    groups: dict[str | None, list[int]] = {}
+    for rank in sorted(ranks):
+        groups.setdefault(hosts.get(rank), []).append(rank)
+    return list(groups.items())
+
+
+def _on_hosts(ranks: Iterable[int], hosts: Mapping[int, str]) -> str:
+    """'h2 (ranks 2, 3)', 'h2 (rank 2) and h3 (rank 4)', 'rank 2' where the host is not known."""
+    parts = [f"{host} ({ranks_text(group)})" if host else ranks_text(group) for host, group in by_host(ranks, hosts)]
+    return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
+
+
+def death(rank: int | Iterable[int], size: int, hosts: Mapping[int, str] | None = None, home: str | None = None) -> str:
+    """What ends the job when these ranks' connections closed without a word.
+
+    hosts: each rank's host, where known; a host other than home (rank 0's) is named.
+    """
+    ranks = sorted([rank] if isinstance(rank, int) else rank)
+    hosts = hosts or {}
+    away = {hosts[r] for r in ranks if r in hosts} - {home, None}
+    if not away:
+        who = f"{ranks_text(ranks)} of {size}"
+    elif len(ranks) == 1 or len({hosts.get(r) for r in ranks}) == 1:
+        who = f"{ranks_text(ranks)} of {size} on {hosts[ranks[0]]}"
+    else:
+        who = f"{_on_hosts(ranks, hosts)} of {size}"
+    return f"{who} died without reporting an error (killed by a signal, or exited without finalize)"
+
+
+def silence(silent: Mapping[int, float], hosts: Mapping[int, str] | None = None) -> str:
+    """What ends the job when these ranks (rank -> seconds since last heard) sent no heartbeat."""
+    seconds = max(silent.values())
+    return (f"no word from {_on_hosts(silent, hosts or {})} for {seconds:.0f} s (no heartbeat: "
+            "a host down, cut off or frozen, or a process stopped)")
+
+
+class Silence:
+    """Who has not been heard from for MISSES heartbeats: one side's judge of the other side.
+
+    Time this side itself was away (its thread not run for longer than an
+    interval: the process stopped, or starved) does not count against the others.
+    """
+
+    def __init__(self, interval: float, misses: int = MISSES) -> None:
+        self.interval, self.limit = interval, interval * misses
+        self._heard: dict[int, float] = {}  # rank -> when it was last heard from
+        self._looked: float | None = None  # when this side last looked
+
+    def heard(self, rank: int, now: float) -> None:
+        """rank said something at now (a heartbeat or anything else)."""
+        self._heard[rank] = now
+
+    def forget(self, rank: int) -> None:
+        """rank left (it said BYE, or its connection closed): it is no longer expected to speak."""
+        self._heard.pop(rank, None)
+
+    def deadline(self) -> float | None:
+        """When the first rank heard from becomes silent, if none speaks meanwhile."""
+        return min(self._heard.values()) + self.limit if self._heard else None
+
+    def silent(self, now: float) -> dict[int, float]:
+        """{rank: seconds since heard} of every rank that missed a beat, once one has missed MISSES in a row;
+        else {}."""
+        if self._looked is not None and now - self._looked > self.interval:  # this side was away
+            gap = now - self._looked - self.interval
+            self._heard = {rank: when + gap for rank, when in self._heard.items()}
+        self._looked = now
+        if not any(now - when >= self.limit for when in self._heard.values()):
+            return {}
+        return {rank: now - when for rank, when in self._heard.items() if now - when > 1.5 * self.interval}
 
 
 class Verdicts:

@@ -2,8 +2,9 @@
 
 Every message is one line of at most MAX_LINE bytes; ``STACK <n>`` and
 ``REPORT <n>`` announce n bytes of payload after their line.  A connection
-counts as a rank once its first line is ``HELLO <rank> <secret>``: the
-secret is checked here, before anything else it says is believed.
+counts as a rank once its first line is ``HELLO <rank> <secret> [<host>]``:
+the secret is checked here, before anything else it says is believed.
+``BEAT``, both ways, says only "still here" (the heartbeat).
 """
 
 from __future__ import annotations
@@ -14,16 +15,18 @@ import secrets
 from collections.abc import Iterator
 
 __all__ = [
-    "HELLO", "FAIL", "BYE", "ERR", "WHERE", "STACK", "ABORT", "FULL", "SAME", "STACKS", "REPORT",
+    "HELLO", "FAIL", "BYE", "ERR", "WHERE", "STACK", "BEAT", "ABORT", "FULL", "SAME", "STACKS", "REPORT",
     "MAX_LINE", "MAX_STACK", "MAX_REPORT", "REASONS", "LINE", "PAYLOAD", "TOO_LONG",
-    "Reader", "line", "framed", "verdict", "report", "new_secret", "invitation", "accept_invitation", "check_hello",
-    "rank_says", "hub_says",
+    "Reader", "line", "framed", "verdict", "report", "new_secret", "host_name", "invitation", "accept_invitation",
+    "check_hello", "rank_says", "hub_says",
 ]
 
 # A rank's words (HELLO first, then any of the others) ...
 HELLO, FAIL, BYE, ERR, WHERE, STACK = b"HELLO", b"FAIL", b"BYE", b"ERR", b"WHERE", b"STACK"
 # ... and rank 0's (BYE too).
 ABORT, FULL, SAME, STACKS, REPORT = b"ABORT", b"FULL", b"SAME", b"STACKS", b"REPORT"
+# ... and both sides': the heartbeat.
+BEAT = b"BEAT"
 
 #: The longest line the hub (or a rank) reads; a longer one closes that connection.
 MAX_LINE = 256
@@ -37,6 +40,7 @@ REASONS = {b"timeout": "a call timed out on rank {}", b"signal": "SIGUSR2 on ran
 LINE, PAYLOAD, TOO_LONG = "line", "payload", "too long"
 
 _HEX = re.compile(rb"[0-9a-f]{1,64}")
+_HOST = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
 def line(*words: bytes | int | str) -> bytes:
@@ -108,32 +112,43 @@ def new_secret() -> bytes:
     return secrets.token_hex(16).encode()
 
 
-def invitation(host: str, port: int, secret: bytes) -> str:
-    """What rank 0 shares with the other ranks: where the hub listens and the secret."""
-    return f"{host}:{port} {secret.decode()}"
+def host_name(name: str | None) -> str | None:
+    """name if it can travel in a greeting (a host name of up to 64 letters, digits, '.', '_', '-'), else None."""
+    return name if name and _HOST.fullmatch(name) else None
 
 
-def accept_invitation(text: str, rank: int) -> tuple[tuple[str, int], bytes]:
-    """Read an invitation: return the hub's (host, port) and the greeting rank sends it first."""
-    address, secret = text.split(" ")
+def invitation(host: str, port: int, secret: bytes, name: str | None = None) -> str:
+    """What rank 0 shares with the other ranks: where the hub listens, the secret, and rank 0's host name."""
+    name = host_name(name)
+    return f"{host}:{port} {secret.decode()}" + (f" {name}" if name else "")
+
+
+def accept_invitation(text: str, rank: int, name: str | None = None) -> tuple[tuple[str, int], bytes, str | None]:
+    """Read an invitation: return the hub's (host, port), the greeting rank (on host name) sends it first,
+    and rank 0's host name (None if not given)."""
+    address, secret, *hub_host = text.split(" ")
     host, port = address.rsplit(":", 1)
-    return (host, int(port)), f"HELLO {rank} {secret}\n".encode()
+    name = host_name(name)
+    hello = f"HELLO {rank} {secret}" + (f" {name}" if name else "") + "\n"
+    return (host, int(port)), hello.encode(), host_name(hub_host[0]) if hub_host else None
 
 
-def check_hello(text: bytes, size: int, secret: bytes) -> tuple[int | None, str | None]:
-    """Read a connection's first line: (its rank, None), or (None, "hello" or "secret": what was wrong)."""
+def check_hello(text: bytes, size: int, secret: bytes) -> tuple[int | None, str | None, str | None]:
+    """Read a connection's first line: (its rank, its host or None, None), or (None, None, "hello" or "secret":
+    what was wrong)."""
     parts = text.split(b" ")
-    if len(parts) != 3 or parts[0] != HELLO or not parts[1].isdigit() or not 0 < int(parts[1]) < size:
-        return None, "hello"
+    if (len(parts) not in (3, 4) or parts[0] != HELLO or not parts[1].isdigit() or not 0 < int(parts[1]) < size
+            or len(parts) == 4 and not _HOST.fullmatch(parts[3].decode("ascii", "replace"))):
+        return None, None, "hello"
     if not hmac.compare_digest(parts[2], secret):
-        return None, "secret"
-    return int(parts[1]), None
+        return None, None, "secret"
+    return int(parts[1]), parts[3].decode() if len(parts) == 4 else None, None
 
 
 def rank_says(text: bytes) -> tuple | None:
-    """Read a line of an authenticated rank's: (FAIL,), (BYE,), (ERR, digest), (WHERE, reason, seconds)
+    """Read a line of an authenticated rank's: (FAIL,), (BYE,), (BEAT,), (ERR, digest), (WHERE, reason, seconds)
     or (STACK, bytes that follow); None for anything else."""
-    if text in (FAIL, BYE):
+    if text in (FAIL, BYE, BEAT):
         return (text,)
     parts = text.split(b" ")
     if len(parts) == 2 and parts[0] == ERR and _HEX.fullmatch(parts[1]):
@@ -146,9 +161,9 @@ def rank_says(text: bytes) -> tuple | None:
 
 
 def hub_says(text: bytes) -> tuple | None:
-    """Read a line of rank 0's: (ABORT,), (BYE,), (FULL,), (SAME, rank), (STACKS,) or (REPORT, bytes that
-    follow); None for anything else."""
-    if text in (ABORT, BYE, FULL, STACKS):
+    """Read a line of rank 0's: (ABORT,), (BYE,), (BEAT,), (FULL,), (SAME, rank), (STACKS,) or (REPORT, bytes
+    that follow); None for anything else."""
+    if text in (ABORT, BYE, BEAT, FULL, STACKS):
         return (text,)
     parts = text.split(b" ")
     if len(parts) == 2 and parts[0] == SAME and parts[1].isdigit():

@@ -5,6 +5,9 @@ the greeting's deadline and the cap on strangers are
 ``spmd.util.authserver``'s, and no input ends the serve thread
 (docs/reliability.md, "The hub's threat model").  What to answer is the
 judge's (``judge.py``); the words are the hub's messages (``messages.py``).
+With a heartbeat, the thread says BEAT to every rank each interval and
+ends the job, naming the hosts, when ranks have been silent for
+``judge.MISSES`` intervals (docs/reliability.md, "Host faults").
 """
 
 from __future__ import annotations
@@ -22,11 +25,15 @@ from spmd.failfast import report
 from spmd.failfast.abort import PEER_EXIT
 from spmd.failfast.hub import messages
 from spmd.failfast.hub.base import Hub, Reply
-from spmd.failfast.hub.judge import Gathering, Verdicts, death
+from spmd.failfast.hub.judge import Gathering, Silence, Verdicts, death, silence
 from spmd.failfast.hub.peers import Peers
 from spmd.util.authserver import AuthServer
 
-__all__ = ["HubServer", "listen"]
+__all__ = ["HubServer", "listen", "HOST_DEATH_WAIT"]
+
+#: Seconds the hub waits, after a rank on another host died, for that host's other ranks' deaths,
+#: so that one report names them all (a host that died with every process on it).
+HOST_DEATH_WAIT = 0.25
 
 
 class HubServer(AuthServer, Hub):
@@ -35,16 +42,22 @@ class HubServer(AuthServer, Hub):
     _tick = 0.25
 
     def __init__(self, rank: int, size: int, share: Callable[[str | None], str], local_only: bool,
-                 timeout: float, monitors: Sequence[Any] = (), host: str | None = None) -> None:
-        Hub.__init__(self, rank, size, share, local_only, timeout, monitors)
+                 timeout: float, monitors: Sequence[Any] = (), host: str | None = None, name: str | None = None,
+                 beat: float = 0.0) -> None:
+        Hub.__init__(self, rank, size, share, local_only, timeout, monitors, name, beat)
         server, host = listen(local_only, size, host)
         AuthServer.__init__(self, server, "the fail-fast hub", "spmd-hub")
         self._secret = messages.new_secret()
         #: (host, port) where the hub listens, as the other ranks are told.
         self.address = (host, server.getsockname()[1])
-        share(messages.invitation(host, self.address[1], self._secret))
+        share(messages.invitation(host, self.address[1], self._secret, self.name))
         self._peers = Peers()
         self._aborted = False  # the job was ended (a rank failed or died): a late greeting hears ABORT
+        self._hosts: dict[int, str] = {0: self.name} if self.name else {}  # each rank's host, as it said
+        self._silence = Silence(beat) if beat > 0 else None  # who has not beaten lately
+        self._next_beat = time.monotonic() + beat
+        self._dead: list[int] = []  # ranks whose connections closed without a word, not yet reported
+        self._dead_due = 0.0  # when to report them
         # The rest is the serve thread's alone.
         self._readers: dict[socket.socket, messages.Reader] = {}  # every rank's connection's
         self._met: set[int] = set()  # ranks that ever presented the secret
@@ -57,7 +70,7 @@ class HubServer(AuthServer, Hub):
 
     def _admit(self, conn: socket.socket, line: bytes, token: object) -> tuple[str, str] | None:
         """A connection's first line, and the only one it may send before it counts: HELLO <rank> <secret>."""
-        rank, wrong = messages.check_hello(line, self.size, self._secret)
+        rank, host, wrong = messages.check_hello(line, self.size, self._secret)
         if wrong == "hello":
             return "hello", "that did not greet it as a rank does"
         if rank is None:
@@ -65,12 +78,19 @@ class HubServer(AuthServer, Hub):
         self._peers.add(conn, rank)
         self._readers[conn] = messages.Reader()
         self._met.add(rank)
+        if host:
+            self._hosts[rank] = host
+        if self._silence is not None:
+            self._silence.heard(rank, time.monotonic())
         if self._aborted:  # it greets after the job was ended: it must hear so too
             self._peers.write(conn, messages.line(messages.ABORT))
         return None
 
     def _received(self, conn: socket.socket, data: bytes) -> None:
         reader = self._readers[conn]
+        rank = self._peers.rank_of(conn)
+        if self._silence is not None and rank is not None:  # any word counts as a beat
+            self._silence.heard(rank, time.monotonic())
         for kind, got in reader.feed(data):
             if kind is messages.TOO_LONG:
                 self._drop(conn)
@@ -91,8 +111,12 @@ class HubServer(AuthServer, Hub):
             self._note("word", f"the fail-fast hub ignored a message from rank {rank}: {line[:40]!r}")
         elif said[0] == messages.FAIL:
             self._abort_all(None)
+        elif said[0] == messages.BEAT:
+            pass  # heard: _received noted it
         elif said[0] == messages.BYE:
             self._peers.remove(conn)
+            if self._silence is not None:
+                self._silence.forget(rank)
         elif said[0] == messages.ERR:
             self._failed(rank, said[1], Reply(lambda lead: self._peers.write(conn, messages.verdict(rank, lead))))
         elif said[0] == messages.WHERE:
@@ -105,21 +129,45 @@ class HubServer(AuthServer, Hub):
         """The other end closed conn: a death if it was a rank that had not said BYE."""
         rank = self._peers.rank_of(conn)
         self._drop(conn)
-        if rank is not None and not self._closing:
-            self._abort_all(death(rank, self.size))
+        if rank is not None and not self._closing:  # the job ends after this pass (or HOST_DEATH_WAIT)
+            if not self._dead:
+                away = self._hosts.get(rank, self.name) != self.name
+                self._dead_due = time.monotonic() + (HOST_DEATH_WAIT if away else 0.0)
+            self._dead.append(rank)
 
     def _forget(self, conn: socket.socket) -> None:
+        rank = self._peers.rank_of(conn)
+        if rank is not None and self._silence is not None:
+            self._silence.forget(rank)
         self._peers.remove(conn)
         self._readers.pop(conn, None)
 
     def _due(self) -> float | None:
         due = [d for d in (self._verdicts.deadline(), self._stacks.deadline) if d is not None]
+        if self._silence is not None and not self._closing:
+            due += [d for d in (self._next_beat, self._silence.deadline()) if d is not None]
+        if self._dead and not self._closing:
+            due.append(self._dead_due)
         return min(due) if due else None
 
     def _after_pass(self) -> None:
         while self._requests:
             self._requests.popleft()()
         self._tick_judge()
+        if self._dead and not self._closing and time.monotonic() >= self._dead_due:
+            self._abort_all(death(self._dead, self.size, self._hosts, self.name))
+        if self._silence is not None and not self._closing:
+            self._tick_heart()
+
+    def _tick_heart(self) -> None:
+        """Beat when due; end the job when ranks have been silent for MISSES beats."""
+        now = time.monotonic()
+        if now >= self._next_beat:
+            self._next_beat = now + self._silence.interval
+            self._peers.tell_all(messages.line(messages.BEAT))
+        silent = self._silence.silent(now)
+        if silent:
+            self._abort_all(silence(silent, self._hosts))
 
     def _awaits_greetings(self) -> bool:
         return len(self._met) < self.size - 1
