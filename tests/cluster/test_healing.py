@@ -6,9 +6,10 @@ journal holds a tenth of the rounds, every process of h3 is SIGKILLed, its agent
 (lab.kill_all).  spmd's hub ends the ranks on h1 and h2 (status 75), their agents restart them in a
 rendezvous of the two nodes left, and the job continues at 2 ranks from its journal: the output ends
 with the checksum and the bytes of an uninterrupted run (MPICH's mpiexec over h1 and h2, computed
-once for the module).  With torch's defaults the two agents wait about 45 s for the dead node
-(15 s until its heartbeat expires, then 30 s of last call): RDZV_CONF are the settings that
-docs/reliability.md ("Healing across hosts") tells a user to set, and the bound below tells them apart.
+once for the module).  Then the same for training: jobs/train_dp.py resumes from its checkpoint.
+With torch's defaults the two agents wait about 45 s for the dead node (its 30 s of last call, and
+15 s until a dead node's heartbeat expires): RDZV_CONF are the settings that docs/reliability.md
+("Healing across hosts") tells a user to set, and the pipeline's bound tells them apart.
 """
 
 from __future__ import annotations
