@@ -185,13 +185,16 @@ def usage_error(message):
     sys.exit(2)
 
 
+# A restarted job's attempt number (0 in the first attempt), from SLURM, torchrun and spmd run.
+RESTART_COUNTS = ("SLURM_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT", "SPMD_RESTART_COUNT")
 # Set by spmd submit --signal-before: SLURM warns the job before its time is up.
 WARNED = bool(os.environ.get("SPMD_PREEMPT_SIGNAL"))
 
 
 def requeued(o):
-    """Tell whether SLURM restarted this job and its checkpoint is there to resume from."""
-    restarts = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+    """Tell whether this job was restarted (requeued by SLURM, or relaunched by torchrun's or spmd run's
+    --max-restarts) and its checkpoint is there to resume from."""
+    restarts = max(int(os.environ.get(name) or 0) for name in RESTART_COUNTS)
     if not (restarts and o.checkpoint and "{step}" not in o.checkpoint):
         return False
     # Only rank 0 touches checkpoints (load_checkpoint): its answer goes to every rank.
@@ -329,7 +332,8 @@ class CompressParam(click.ParamType):
 @click.option("--log-every", default=20, show_default=True, type=click.IntRange(min=0),
               help="Log loss and samples/s every N steps (0: at the end only).")
 @click.option("--checkpoint", type=click.Path(dir_okay=False),
-              help="Checkpoint file, written by rank 0; '{step}' in it becomes the step.")
+              help="Checkpoint file, written by rank 0; '{step}' in it becomes the step.  Without '{step}', "
+                   "a restarted job (SLURM's requeue, torchrun's or spmd run's --max-restarts) resumes from it.")
 @click.option("--checkpoint-every", default=0, show_default=True, type=click.IntRange(min=0),
               help="Write the checkpoint every N steps (0: at the end only).")
 @click.option("--resume", type=click.Path(dir_okay=False),
