@@ -10,3 +10,15 @@ def train_job(name, cmd, size, args, final):
     assert result.returncode == 0 and f"parameters identical on {size} {ranks}" in result.stdout, (
         f"{name}: exit {result.returncode}\n{result.stdout[-4000:]}\n{result.stderr[-3000:]}")
     return result.stdout
+
+
+def once_each(out, run):
+    """Return train(name): run(name, out) the first time name is asked for, its result kept after."""
+    done = {}
+
+    def train(name):
+        if name not in done:
+            done[name] = run(name, out)
+        return done[name]
+
+    return train

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from tests.support import MPIRUN, PY, REPO, WORLDS, clean_env, ranks_ok, run, run_ranks, tool
-from tests.train.jobruns import train_job
+from tests.train.jobruns import once_each, train_job
 from tests.train.nets import Branchy, data, grads, loss_of
 from spmd.comms.backends.serial import SerialBackend
 from spmd.comms.comm import Comm
@@ -261,19 +261,15 @@ RUNS = {
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """Return a function that runs a job of RUNS once and gives (output, final path)."""
-    out = tmp_path_factory.mktemp("train_dp")
-    done = {}
 
-    def train(name):
-        if name not in done:
-            cmd, size, backend, extra = RUNS[name]
-            final = out / f"{name}.pt"
-            stdout = train_job(name, cmd, size, [str(a).format(out=out) for a in COMMON + extra], final)
-            assert f"({backend})" in stdout, (name, stdout[-4000:])
-            done[name] = (stdout, final, out)
-        return done[name]
+    def run(name, out):
+        cmd, size, backend, extra = RUNS[name]
+        final = out / f"{name}.pt"
+        stdout = train_job(name, cmd, size, [str(a).format(out=out) for a in COMMON + extra], final)
+        assert f"({backend})" in stdout, (name, stdout[-4000:])
+        return stdout, final, out
 
-    return train
+    return once_each(tmp_path_factory.mktemp("train_dp"), run)
 
 
 def flat(state):

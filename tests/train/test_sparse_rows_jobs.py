@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tests.support import MPIRUN, PY, REPO, WORLDS, clean_env, run, tool
-from tests.train.jobruns import train_job
+from tests.train.jobruns import once_each, train_job
 
 pytestmark = [pytest.mark.launcher, pytest.mark.timeout(400)]
 
@@ -45,18 +45,13 @@ RUNS = {
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    out = tmp_path_factory.mktemp("rows")
-    done = {}
+    def run(name, out):
+        cmd, size, batch, extra = RUNS[name]
+        final = out / f"{name}.pt"
+        args = [str(a).format(out=out) for a in COMMON + ["--global-batch", batch] + extra]
+        return train_job(name, cmd, size, args, final), torch.load(final), out
 
-    def train(name):
-        if name not in done:
-            cmd, size, batch, extra = RUNS[name]
-            final = out / f"{name}.pt"
-            args = [str(a).format(out=out) for a in COMMON + ["--global-batch", batch] + extra]
-            done[name] = (train_job(name, cmd, size, args, final), torch.load(final), out)
-        return done[name]
-
-    return train
+    return once_each(tmp_path_factory.mktemp("rows"), run)
 
 
 def gap(a, b):
