@@ -100,6 +100,11 @@ class Engine:
         self.ns: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins, "comm": comm, "spmd": spmd}
         self.busy = False
         self._asked = False  # the host asked for the interrupt that comes
+        # The last block the host sent, the last this rank replied to, and one the host interrupted
+        # before this rank began it (a Ctrl-C right after Enter): that block stops as it starts.
+        self._sent: int | None = None
+        self._replied: int | None = None
+        self._cancel: int | None = None
         self._send_lock = threading.Lock()
         self.requests: queue.Queue[dict[str, Any] | None] = queue.Queue()
         signal.signal(signal.SIGINT, self._on_interrupt)  # interrupt_main runs it on the main thread
@@ -113,7 +118,7 @@ class Engine:
                 self.send({"interrupted": True})
             except OSError:
                 pass
-        self._asked = False
+        self._asked, self._cancel = False, None
         raise KeyboardInterrupt
 
     def send(self, message: Any) -> None:
@@ -134,7 +139,10 @@ class Engine:
                     pass
             elif message == "interrupt":  # to the main thread itself, so that a sleep or a read ends too
                 self._asked = True
-                signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+                if self._sent != self._replied:  # its block is queued, or running: it stops either way
+                    self._cancel = self._sent
+                if self.busy:  # checked after _cancel is set: run() checks _cancel after busy is set
+                    signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
             elif isinstance(message, dict) and message.get("op") == "leave":
                 # The session is over: this rank finalizes on its main thread.  Stop listening, so
                 # that the host's connection closing (rank 0 exiting first) cannot end this rank
@@ -143,6 +151,8 @@ class Engine:
                 self.requests.put(message)
                 return
             else:
+                if isinstance(message, dict) and message.get("op") == "run":
+                    self._sent = message["id"]
                 self.requests.put(message)
 
     def _where(self, summary: dict[str, Any]) -> dict[str, Any]:
@@ -174,6 +184,7 @@ class Engine:
                 return
             if op == "run":
                 reply = self.run(request["code"], request["id"], request.get("rich", False))
+                self._replied = request["id"]
             elif op == "pull":
                 reply = self._pull(request["name"])
             elif op == "push":
@@ -203,6 +214,9 @@ class Engine:
             sys.stdout, sys.stderr = out, err
             self.busy = True
             try:
+                if self._cancel == number:  # interrupted before it began
+                    self._cancel, self._asked = None, False
+                    raise KeyboardInterrupt
                 value = self._exec(code, name)
             finally:
                 self.busy = False
