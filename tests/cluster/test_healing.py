@@ -116,7 +116,7 @@ def test_torchrun_heals_the_pipeline_on_the_hosts_left_with_the_same_bytes(lab, 
     both = "\n".join(f"== {h}\n{o[-3000:]}" for h, o in outs.items())
     assert [d.returncode for d in done.values()] == [0, 0] and h3.returncode != 0, (h3.returncode, both)
     # the first attempt ran on 3 ranks and spmd ended it once h3's rank was gone; torchrun says it
-    assert "of 3 died without reporting an error" in both, both
+    assert "rank 2 of 3 on h3 died without reporting an error" in both, both
     assert both.count("failed (exitcode: 75)") == 2, both
     final = [o for o in outs.values() if "wrote " in o]
     assert len(final) == 1, both
@@ -169,7 +169,7 @@ def test_torchrun_heals_training_from_its_checkpoint(lab, tmp_path):
     finish(procs["h3"], 30, "torchrun on h3")
     both = "\n".join(f"== {h}\n{d.stdout[-3000:]}" for h, d in done.items())
     assert [d.returncode for d in done.values()] == [0, 0], both
-    assert "of 3 died without reporting an error" in both and both.count("failed (exitcode: 75)") == 2, both
+    assert "rank 2 of 3 on h3 died without reporting an error" in both and both.count("failed (exitcode: 75)") == 2, both
     final = [d.stdout for d in done.values() if "parameters identical on" in d.stdout]
     assert len(final) == 1, both
     step = re.search(r"train_dp: 2 ranks \(gloo\).*; resuming at step (\d+)", final[0])
