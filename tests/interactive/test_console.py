@@ -3,6 +3,7 @@
 import os
 import re
 import shutil
+import signal
 import subprocess
 import time
 import uuid
@@ -17,10 +18,17 @@ pytestmark = [pytest.mark.launcher, pytest.mark.timeout(180)]
 PROMPT = r"\r\n(\[[0-9,-]+\] )?>>> "
 
 
+def _default_sigint():
+    """In the child: SIGINT as a terminal's shell leaves it.  A runner started in the background by a
+    shell without job control (CI under nohup ... &) ignores SIGINT, its children inherit that, and a
+    session whose front end ignores SIGINT never hears the user's Ctrl-C."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _spawn(*args, mark):
     env = clean_env(SPMD_REPL_MARK=mark, SPMD_REPL_HISTORY=os.devnull, TERM="dumb")
     return pexpect.spawn(str(BIN / "spmd"), ["repl", *args], env=env, encoding="utf-8", timeout=60,
-                         dimensions=(50, 200))
+                         dimensions=(50, 200), preexec_fn=_default_sigint)
 
 
 def _say(child, line):
