@@ -27,7 +27,8 @@ Options, each a switch a test can flip at run time:
   from here); ``reset`` removes it;
 - ``cap(host, mbit)``: the host's link capped both ways (tc tbf);
 - ``cut(host)`` / ``mend(host)``: its link down and up; ``drop(host, peer)``: a silent
-  partition, iptables DROP both ways;
+  partition, iptables DROP both ways; ``lose(host, fraction)``: packets lost at random;
+  ``allow(*hosts)``: their firewall rules removed (the end of drop, lose and reject);
 - ``outsider``: at start, one more host on the bridge that is in no job.
 
 Everything is named after the lab (``spmdlab<pid>-<n>-...``).  ``stop`` (and leaving
@@ -377,8 +378,7 @@ class Lab:
                 self.freeze(host.name, False)  # and the nsenter clients a freeze stopped end with their child
             self.mend(host.name)
             self.uncap(host.name)
-            _sh("ip", "netns", "exec", host.netns, "sh", "-c",
-                "command -v iptables >/dev/null && iptables -F INPUT && iptables -F OUTPUT || true", check=False)
+            self.allow(host.name)
             self.names(host.name)
         for host in sorted(self._isolated):
             self.unisolate(host)
@@ -461,6 +461,12 @@ class Lab:
         for me, other in ((a, b), (b, a)):
             _sh("ip", "netns", "exec", me.netns, "iptables", "-A", "INPUT", "-s", other.address, "-j", "DROP")
             _sh("ip", "netns", "exec", me.netns, "iptables", "-A", "OUTPUT", "-d", other.address, "-j", "DROP")
+
+    def allow(self, *hosts):
+        """Remove every firewall rule of hosts: the end of drop, lose and reject."""
+        for host in hosts:
+            _sh("ip", "netns", "exec", self.host(host).netns, "sh", "-c",
+                "command -v iptables >/dev/null && iptables -F INPUT && iptables -F OUTPUT || true", check=False)
 
     def lose(self, host, fraction):
         """Drop that fraction of the packets host's link carries, at random, each way (iptables' statistic

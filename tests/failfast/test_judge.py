@@ -57,6 +57,17 @@ def test_deaths_and_silences_on_other_hosts_name_the_host_and_its_ranks():
     assert silence({7: 6.0}).startswith("no word from rank 7 for 6 s")  # a host not known
 
 
+def test_a_silence_of_every_other_host_points_at_rank_0s_own_host():
+    hosts = {0: "h1", 1: "h2", 2: "h3", 3: "h3"}
+    alone = silence({1: 5.2, 2: 5.1, 3: 5.0}, hosts, "h1", 4)
+    assert alone.startswith("no word from h2 (rank 1) and h3 (ranks 2, 3) for 5 s (no heartbeat")
+    assert alone.endswith(": every other host fell silent at once, so h1 itself (rank 0's host) may be cut off")
+    assert "h1 itself" not in silence({2: 5.1, 3: 5.0}, hosts, "h1", 4)  # h2 still heard: h3 is the silent one
+    two = {0: "h1", 1: "h1", 2: "h2", 3: "h2"}
+    assert "itself" not in silence({2: 5.0, 3: 5.0}, two, "h1", 4)  # one other host: either side may be cut off
+    assert "itself" not in silence({1: 5.0, 2: 5.0}, {}, None, 3)  # no hosts known
+
+
 def test_silence_is_declared_after_misses_beats_with_every_rank_that_missed_one():
     s = Silence(2.0)
     assert s.limit == 2.0 * MISSES and s.deadline() is None

@@ -61,11 +61,21 @@ def death(rank: int | Iterable[int], size: int, hosts: Mapping[int, str] | None 
     return f"{who} died without reporting an error (killed by a signal, or exited without finalize)"
 
 
-def silence(silent: Mapping[int, float], hosts: Mapping[int, str] | None = None) -> str:
-    """What ends the job when these ranks (rank -> seconds since last heard) sent no heartbeat."""
+def silence(silent: Mapping[int, float], hosts: Mapping[int, str] | None = None, home: str | None = None,
+            size: int | None = None) -> str:
+    """What ends the job when these ranks (rank -> seconds since last heard) sent no heartbeat.
+
+    home and size (rank 0's host, the world's size), where given: when every rank of two or more other
+    hosts fell silent at once, the likelier cause is home's own link, and the words say so.
+    """
+    hosts = hosts or {}
     seconds = max(silent.values())
-    return (f"no word from {_on_hosts(silent, hosts or {})} for {seconds:.0f} s (no heartbeat: "
+    said = (f"no word from {_on_hosts(silent, hosts)} for {seconds:.0f} s (no heartbeat: "
             "a host down, cut off or frozen, or a process stopped)")
+    away = {r for r in range(size or 0) if hosts.get(r) not in (home, None)}
+    if home and away and away <= set(silent) and len({hosts[r] for r in away}) > 1:
+        said += f": every other host fell silent at once, so {home} itself (rank 0's host) may be cut off"
+    return said
 
 
 class Silence:

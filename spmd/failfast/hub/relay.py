@@ -167,7 +167,7 @@ class HubServer(AuthServer, Hub):
             self._peers.tell_all(messages.line(messages.BEAT))
         silent = self._silence.silent(now)
         if silent:
-            self._abort_all(silence(silent, self._hosts))
+            self._abort_all(silence(silent, self._hosts, self.name, self.size))
 
     def _awaits_greetings(self) -> bool:
         return len(self._met) < self.size - 1
