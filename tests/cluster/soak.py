@@ -33,7 +33,8 @@ machine through the host's holder process), against what the host held before th
   processes are this machine's too, in PID namespaces below it), still there 1 s after the job ended;
 - ports: a new LISTEN socket in a host's /proc/net/tcp or tcp6, still there SETTLE s later;
 - sockets: a new named unix socket in a host's /proc/net/unix, or a socket file under the job's TMPDIR;
-- shm: a new entry in a host's /dev/shm;
+- shm: a new entry in a host's /dev/shm, or a new System V shared memory segment, semaphore set or
+  message queue in its IPC namespace;
 - temp files: any other file under the job's TMPDIR (one directory, which every host sees);
 - launcher files: what the launchers leave of their own, counted but not a failure (as tests/tools/soak.py's
   LAUNCHERS_OWN): MPICH's mpiexec's topology file (/tmp/hydra_hwloc_xmlfile_*), which it leaves when it is
@@ -54,6 +55,7 @@ import random
 import re
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -158,8 +160,9 @@ def draw(n, seed, hosts=("h1", "h2", "h3")):
 
 
 def host_snapshot(lab, host):
-    """{category: {item}} of host's listening ports, unix sockets and /dev/shm entries, read through its
-    holder's /proc (its network namespace and its mount namespace's /dev/shm)."""
+    """{category: {item}} of host's listening ports, unix sockets, /dev/shm entries and System V IPC
+    objects, read through its holder's /proc (its network namespace, its mount namespace's /dev/shm)
+    and in its IPC namespace (/proc/sysvipc shows the reader's)."""
     proc = f"/proc/{lab.host(host).holder}"
     try:
         shm = os.listdir(f"{proc}/root/dev/shm")
@@ -168,8 +171,16 @@ def host_snapshot(lab, host):
     return {
         "ports": {f"{host} {d}" for d in listening((f"{proc}/net/tcp", f"{proc}/net/tcp6"))},
         "sockets": {f"{host} {d}" for d in unix_sockets(f"{proc}/net/unix")},
-        "shm": {f"{host} /dev/shm/{name}" for name in shm},
+        "shm": {f"{host} /dev/shm/{name}" for name in shm} | {f"{host} {item}" for item in _sysv(proc)},
     }
+
+
+def _sysv(proc):
+    """The System V shared memory segments, semaphore sets and message queues of proc's IPC namespace."""
+    listing = subprocess.run(["nsenter", f"--ipc={proc}/ns/ipc", "sh", "-c",
+                              "for k in shm sem msg; do sed \"1d;s/^/sysv $k /\" /proc/sysvipc/$k; done"],
+                             capture_output=True, text=True, timeout=20).stdout
+    return {" ".join(line.split()[:4]) for line in listing.splitlines() if line.strip()}
 
 
 def lab_snapshot(lab):
