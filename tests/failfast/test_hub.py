@@ -375,6 +375,21 @@ def test_a_rank_leaves_quietly_on_bye(fake_hub, exits):
     assert exits.empty()
 
 
+@pytest.mark.unit
+@pytest.mark.parametrize("hub_host, name, said", [
+    ("", "h2", "lost rank 0 (it died)"),  # rank 0's host not known
+    (" h2", "h2", "lost rank 0 (it died)"),  # the same host: its host is no news
+    (" h1", "h2", "lost rank 0 on h1 (it died, or its host did)"),
+])
+def test_a_rank_whose_rank_0_vanishes_ends_naming_rank_0s_host_when_it_is_another(fake_hub, exits, hub_host,
+                                                                                   name, said):
+    port = fake_hub.getsockname()[1]
+    open_hub(1, 2, lambda _: f"127.0.0.1:{port} {'s' * 32}{hub_host}", True, 5, name=name)
+    conn, _ = fake_hub.accept()
+    conn.close()  # rank 0 gone without BYE
+    assert exits.get(timeout=5) == (PEER_EXIT, f"### spmd: rank 1: {said}; ending")
+
+
 # -- a real job under mpirun, fuzzed from outside --------------------------------------
 
 JOB = """

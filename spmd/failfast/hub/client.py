@@ -75,7 +75,7 @@ class HubClient(Hub):
                 self._verdict.cancel()  # no answer will come: print in full
                 self._report.cancel()
                 if not self._closing:
-                    self._exit(PEER_EXIT, f"### spmd: rank {self.rank}: lost rank 0 (it died); ending")
+                    self._exit(PEER_EXIT, f"### spmd: rank {self.rank}: {self._lost()}; ending")
                 return
             for kind, got in reader.feed(chunk):  # a line over MAX_LINE: rank 0 never says one
                 if kind is messages.PAYLOAD:
@@ -86,6 +86,11 @@ class HubClient(Hub):
                         return
                     if said is not None:
                         self._heard(reader, said)
+
+    def _lost(self) -> str:
+        """What this rank says when rank 0's connection closed without a word: its host too, if another."""
+        away = self._hub_host and self._hub_host != self.name
+        return f"lost rank 0 on {self._hub_host} (it died, or its host did)" if away else "lost rank 0 (it died)"
 
     def _silent(self, silent: dict[int, float]) -> None:
         """Rank 0 sent no heartbeat for too long: end this rank, naming its host."""
