@@ -38,8 +38,10 @@ machine through the host's holder process), against what the host held before th
 - temp files: any other file under the job's TMPDIR (one directory, which every host sees);
 - launcher files: what the launchers leave of their own, counted but not a failure (as tests/tools/soak.py's
   LAUNCHERS_OWN): MPICH's mpiexec's topology file (/tmp/hydra_hwloc_xmlfile_*), which it leaves when it is
-  killed or its proxy dies, and torchrun's log directories (``torchelastic_*`` under TMPDIR: torch
-  makes one per agent and never removes it, whatever the job does).
+  killed or its proxy dies, and torch's under TMPDIR: torchrun's log directories (``torchelastic_*``:
+  one per agent, never removed, whatever the job does) and, rarely, inductor's cache directory
+  (``torchinductor_<user>``, a cache kept on purpose; seen once in 100 jobs, on a torchrun agent's
+  failed exit barrier).
 
 What is left is counted, then removed (the lab's hosts reset), so one leak counts once.  The output is
 a Markdown table, printed and written to --table, with the details of every unexpected job under it;
@@ -87,6 +89,7 @@ SUCCESS_LIMIT = 120  # s from READY to a success's end
 SETTLE = 3.0
 CATEGORIES = ("processes", "ports", "sockets", "shm", "temp files", "launcher files")
 LAUNCHERS_OWN = ("launcher files",)
+TORCH_OWN = re.compile(r"/(torchelastic|torchinductor)_[^/]+")
 REPORT = re.compile(r"^### spmd: .*; ending(?: the job)?$", re.M)
 #: Hydra's own words when it ends the job because a proxy died (a kill: before spmd's heartbeat can speak).
 HYDRA_SAW = re.compile(r"BAD TERMINATION|control_cb .*assert \(!closed\) failed")
@@ -371,9 +374,9 @@ def leftovers(lab, mark, tmpdir, before, hydra_before):
     left.update(new)
     files = walk(tmpdir)
     left["sockets"] += [p for p, sock in files.items() if sock]
-    left["temp files"] = [p for p, sock in files.items() if not sock and "/torchelastic_" not in p]
+    left["temp files"] = [p for p, sock in files.items() if not sock and not TORCH_OWN.search(p)]
     left["launcher files"] = sorted(set(hydra_files()) - hydra_before) + [
-        p for p in files if re.search(r"/torchelastic_\w+$", p)]  # the log directory, not what is inside
+        p for p in files if TORCH_OWN.search(p) and not TORCH_OWN.search(os.path.dirname(p))]  # the top only
     return left
 
 
