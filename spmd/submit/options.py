@@ -281,6 +281,10 @@ def _check_preempt(o):
     elif o.requeue:
         notes.append("--requeue without --signal-before: SLURM requeues the job after a node "
                      "failure or preemption, but the job gets no warning to checkpoint")
+    if o.requeue and o.nodes > 1 and not o.max_nodes:
+        notes.append(f"--requeue with --nodes={o.nodes}: a job requeued after a node failure waits "
+                     f"for {o.nodes} nodes again; --nodes={o.nodes - 1}-{o.nodes} lets it start on "
+                     "the nodes left")
     return tuple(notes)
 
 

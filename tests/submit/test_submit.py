@@ -358,6 +358,9 @@ def test_layouts_resolve_to_a_world():
 def test_notes_for_doubtful_but_valid_choices():
     assert any("nccl" in n for n in make({**BASE, "backend": "nccl"}).notes)
     assert any("no warning" in n for n in make({**BASE, "requeue": True}).notes)
+    assert any("--nodes=2-3 lets it start on the nodes left" in n
+               for n in make({**BASE, "nodes": 3, "requeue": True}).notes)
+    assert not any("nodes left" in n for n in make({**BASE, "nodes": "2-3", "requeue": True}).notes)
     assert make({**BASE, "backend": "mpi"}).srun_mpi == "pmi2"
     assert make({**BASE, "backend": "gloo"}).srun_mpi is None
 
