@@ -26,7 +26,8 @@ def _opt(*names, **kw):
 
 @click.command(context_settings={"allow_interspersed_args": False,
                                  "help_option_names": ["-h", "--help"]})
-@_opt("-N", "--nodes", type=int, help="Number of nodes.")
+@_opt("-N", "--nodes", metavar="N|MIN-MAX",
+      help="Number of nodes, or a range: SLURM gives MIN to MAX (a requeued job starts on the nodes left).")
 @_opt("--ntasks-per-node", type=int, help="Tasks (ranks) per node.")
 @_opt("-n", "--ntasks", type=int, help="Total tasks (ranks): the world size.")
 @_opt("-c", "--cpus-per-task", type=int, help="CPUs per task.")

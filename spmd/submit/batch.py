@@ -62,10 +62,16 @@ def _raw(option: str) -> str:
 
 
 def _directives(o: SubmitOptions) -> list[str]:
-    out = [directive("job-name", o.name), directive("nodes", str(o.nodes)),
-           directive("ntasks", str(o.ntasks))]
-    if o.ntasks_per_node:
-        out.append(directive("ntasks-per-node", str(o.ntasks_per_node)))
+    out = [directive("job-name", o.name), directive("nodes", o.node_range)]
+    if o.max_nodes:
+        # A node range: no task count, else SLURM gives the fewest nodes that hold it; CPUs per
+        # node instead, and srun starts --ntasks-per-node tasks on each node given.
+        cpus = o.ntasks_per_node * (o.cpus_per_task or 1)
+        out += [directive("mincpus", str(cpus))] if cpus > 1 else []
+    else:
+        out.append(directive("ntasks", str(o.ntasks)))
+        if o.ntasks_per_node:
+            out.append(directive("ntasks-per-node", str(o.ntasks_per_node)))
     pairs = [("cpus-per-task", o.cpus_per_task), ("gpus-per-node", o.gpus_per_node),
              ("gres", o.gres), ("mem", o.mem), ("mem-per-cpu", o.mem_per_cpu),
              ("time", o.time), ("partition", o.partition), ("account", o.account),
@@ -94,6 +100,8 @@ def launch_argv(o: SubmitOptions) -> list[str]:
         argv = [o.mpirun, "-n", str(o.ntasks)]
     else:
         argv = ["srun", "--kill-on-bad-exit=1"]
+        if o.max_nodes:  # a node range: so many tasks on each node SLURM gave
+            argv.append(f"--ntasks-per-node={o.ntasks_per_node}")
         if o.srun_mpi:
             argv.append(f"--mpi={o.srun_mpi}")
         if o.cpus_per_task:  # srun 22.05 no longer takes it from the allocation
@@ -107,8 +115,9 @@ def doctor_argv(o: SubmitOptions) -> list[str]:
     under srun: the doctor needs none, and the pair check is what it is for)."""
     if o.launcher == "mpirun":
         return [o.mpirun, "-n", str(o.nodes), "-ppn", "1", o.python, "-m", "spmd.doctor"]
-    return ["srun", "--kill-on-bad-exit=1", "--mpi=none", f"--nodes={o.nodes}", f"--ntasks={o.nodes}",
-            "--ntasks-per-node=1", o.python, "-m", "spmd.doctor"]
+    counts = [] if o.max_nodes else [f"--nodes={o.nodes}", f"--ntasks={o.nodes}"]  # a range: every node given
+    return ["srun", "--kill-on-bad-exit=1", "--mpi=none", *counts, "--ntasks-per-node=1", o.python, "-m",
+            "spmd.doctor"]
 
 
 def _preflight(o: SubmitOptions) -> list[str]:
@@ -122,6 +131,8 @@ def _preflight(o: SubmitOptions) -> list[str]:
 
 
 def _world_check(o: SubmitOptions) -> list[str]:
+    if o.max_nodes:
+        return _range_check(o)
     tests = [f'[ "${{SLURM_NTASKS:-}}" != {o.ntasks} ]',
              f'[ "${{SLURM_JOB_NUM_NODES:-}}" != {o.nodes} ]']
     layout = f"{_plural(o.ntasks, 'task')} on {_plural(o.nodes, 'node')}"
@@ -139,6 +150,26 @@ def _world_check(o: SubmitOptions) -> list[str]:
         ' variable or a sbatch option overrode the directives" >&2',
         "    exit 2",
         "fi",
+    ]
+
+
+def _range_check(o: SubmitOptions) -> list[str]:
+    """The world check for a node range: MIN to MAX nodes, ntasks_per_node tasks on each."""
+    per = o.ntasks_per_node
+    return [
+        "# The allocation must be the world this file asks for: SBATCH_* variables and",
+        "# sbatch's command-line options override the directives above.  A node range:",
+        "# the world is the nodes SLURM gave (fewer after a requeue that left a node out).",
+        'spmd_nodes="${SLURM_JOB_NUM_NODES:-0}"',
+        f'if ! [ "$spmd_nodes" -ge {o.nodes} ] 2>/dev/null || [ "$spmd_nodes" -gt {o.max_nodes} ] || '
+        '[ -n "${SLURM_NTASKS:-}" ]; then',
+        f'    echo "spmd: this job expects {o.node_range} nodes and no task count, but SLURM gave'
+        ' SLURM_JOB_NUM_NODES=${SLURM_JOB_NUM_NODES:-unset} SLURM_NTASKS=${SLURM_NTASKS:-unset}:'
+        ' an SBATCH_* variable or a sbatch option overrode the directives" >&2',
+        "    exit 2",
+        "fi",
+        f'echo "spmd: $spmd_nodes nodes ($SLURM_JOB_NODELIST), $(({per} * spmd_nodes)) tasks'
+        '${SLURM_RESTART_COUNT:+, requeue number $SLURM_RESTART_COUNT}" >&2',
     ]
 
 
@@ -207,8 +238,11 @@ def render(o: SubmitOptions) -> str:
     what = "-m " + o.script if o.module else o.script
     per_node = f" ({o.nodes} nodes x {o.ntasks_per_node})" if o.ntasks_per_node and o.nodes > 1 \
         else f" on {o.nodes} nodes" if o.nodes > 1 else ""
+    tasks = _plural(o.ntasks, "task")
+    if o.max_nodes:
+        tasks, per_node = f"{_plural(o.ntasks_per_node, 'task')} per node", f" on {o.node_range} nodes"
     header = ["#!/bin/bash",
-              f"# spmd submit: {_comment(what)}, {_plural(o.ntasks, 'task')}{per_node}, "
+              f"# spmd submit: {_comment(what)}, {tasks}{per_node}, "
               f"{o.launcher}, backend {o.backend}"]
     body = ["", *_environment(o), *_setup(o), *_world_check(o), *_preflight(o), "", *_launch(o)]
     return "\n".join(header + _directives(o) + body) + "\n"

@@ -4,7 +4,10 @@
 ``ntasks-per-node``) to values, as merged from profiles and the command line,
 and returns a validated SubmitOptions or raises SubmitError naming the option,
 the value and the accepted forms. Counts are resolved here: the world size and,
-when it is even, the tasks per node (``layout``).
+when it is even, the tasks per node (``layout``).  A node range (``nodes="2-3"``)
+sets ``max_nodes``: SLURM then gives any count of nodes in the range, and the world
+is that count times ``ntasks_per_node`` (so a requeued job can start on the nodes
+left after one failed).
 """
 
 from __future__ import annotations
@@ -35,7 +38,8 @@ class SubmitOptions:
     module: bool = False
     python: str = "python3"
     # resources
-    nodes: int | None = None
+    nodes: int | None = None  # the node count, or the least of a range
+    max_nodes: int | None = None  # the most of a node range (--nodes MIN-MAX), else None
     ntasks: int | None = None
     ntasks_per_node: int | None = None
     cpus_per_task: int | None = None
@@ -75,8 +79,13 @@ class SubmitOptions:
 
     @property
     def world(self) -> int:
-        """Return the number of tasks (ranks) of the job."""
+        """Return the number of tasks (ranks) of the job: with a node range, the least."""
         return self.ntasks
+
+    @property
+    def node_range(self) -> str:
+        """Return the node count as sbatch's --nodes takes it: '3', or 'MIN-MAX' for a range."""
+        return f"{self.nodes}-{self.max_nodes}" if self.max_nodes else str(self.nodes)
 
     @property
     def srun_mpi(self) -> str | None:
@@ -157,6 +166,17 @@ def _count(option, value, minimum=1):
     return int(value)
 
 
+def _nodes(option, value):
+    """Return a node count, or (least, most) for a range 'MIN-MAX'."""
+    m = re.fullmatch(r"\s*(\d+)\s*-\s*(\d+)\s*", value) if isinstance(value, str) else None
+    if not m:
+        return _count(option, value)
+    least, most = int(m[1]), int(m[2])
+    if least < 1 or most < least:
+        _fail(option, value, "a node range is MIN-MAX with 1 <= MIN <= MAX, e.g. 2-4")
+    return (least, most) if most > least else least
+
+
 def _flag(option, value):
     if not isinstance(value, bool):
         _fail(option, value, "must be true or false")
@@ -204,8 +224,17 @@ def _strings(option, value):
     return tuple(value)
 
 
-def _layout(nodes, ntasks, per_node):
-    """Resolve (nodes, ntasks, ntasks_per_node); ntasks_per_node is None when uneven."""
+def _layout(nodes, ntasks, per_node, max_nodes=None):
+    """Resolve (nodes, ntasks, ntasks_per_node); ntasks_per_node is None when uneven.  With a
+    node range, ntasks is the least world (nodes x ntasks_per_node)."""
+    if max_nodes is not None:
+        if ntasks is not None:
+            raise SubmitError(f"--nodes={nodes}-{max_nodes} with --ntasks={ntasks}: with a node range "
+                              "the world is the nodes SLURM gives times --ntasks-per-node; give that "
+                              "instead of --ntasks")
+        if nodes is None or max_nodes < nodes:
+            _fail("max_nodes", max_nodes, "is the top of a node range: give --nodes MIN-MAX")
+        return nodes, nodes * (per_node or 1), per_node or 1
     if ntasks is not None and per_node is not None:
         if ntasks % per_node:
             _fail("ntasks", ntasks, f"is not a multiple of --ntasks-per-node={per_node}")
@@ -252,6 +281,10 @@ def _check_preempt(o):
     elif o.requeue:
         notes.append("--requeue without --signal-before: SLURM requeues the job after a node "
                      "failure or preemption, but the job gets no warning to checkpoint")
+    if o.requeue and o.nodes > 1 and not o.max_nodes:
+        notes.append(f"--requeue with --nodes={o.nodes}: a job requeued after a node failure waits "
+                     f"for {o.nodes} nodes again; --nodes={o.nodes - 1}-{o.nodes} lets it start on "
+                     "the nodes left")
     return tuple(notes)
 
 
@@ -281,7 +314,7 @@ def _check_names(o):
 
 
 _CHECKS = {
-    "nodes": _count, "ntasks": _count, "ntasks_per_node": _count, "cpus_per_task": _count,
+    "nodes": _nodes, "max_nodes": _count, "ntasks": _count, "ntasks_per_node": _count, "cpus_per_task": _count,
     "signal_before": lambda o, v: _count(o, v, 1),
     "mem": _memory, "mem_per_cpu": _memory, "time": _time,
     "exclusive": _flag, "requeue": _flag, "module": _flag, "preflight": _flag,
@@ -316,10 +349,17 @@ def make(values: Mapping) -> SubmitOptions:
         _fail("backend", given["backend"], f"use one of {', '.join(BACKENDS)}")
     if given.get("launcher", "srun") not in LAUNCHERS:
         _fail("launcher", given["launcher"], f"use one of {', '.join(LAUNCHERS)}")
+    if isinstance(given.get("nodes"), tuple):
+        given["nodes"], given["max_nodes"] = given["nodes"]
+    if given.get("max_nodes") is not None and given.get("max_nodes") == given.get("nodes"):
+        del given["max_nodes"]
     nodes, ntasks, per_node = _layout(given.get("nodes"), given.get("ntasks"),
-                                      given.get("ntasks_per_node"))
+                                      given.get("ntasks_per_node"), given.get("max_nodes"))
     opts = SubmitOptions(**{**given, "nodes": nodes, "ntasks": ntasks, "ntasks_per_node": per_node})
     if opts.launcher == "mpirun" and opts.mpi:
         raise SubmitError(f"--mpi={opts.mpi} is an srun option; with --launcher=mpirun leave it out")
+    if opts.launcher == "mpirun" and opts.max_nodes:
+        raise SubmitError(f"--nodes={opts.node_range} with --launcher=mpirun: a node range needs srun, "
+                          "which starts --ntasks-per-node tasks on each node SLURM gives")
     _check_names(opts)
     return replace(opts, notes=_check_gpus(opts) + _check_preempt(opts))

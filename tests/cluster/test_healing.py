@@ -6,15 +6,14 @@ journal holds a tenth of the rounds, every process of h3 is SIGKILLed, its agent
 (lab.kill_all).  spmd's hub ends the ranks on h1 and h2 (status 75), their agents restart them in a
 rendezvous of the two nodes left, and the job continues at 2 ranks from its journal: the output ends
 with the checksum and the bytes of an uninterrupted run (MPICH's mpiexec over h1 and h2, computed
-once for the module).  Then the same for training: jobs/train_dp.py resumes from its checkpoint.
-With torch's defaults the two agents wait about 45 s for the dead node (its 30 s of last call, and
+once for the session: tests/cluster/healing.py).  Then the same for training: jobs/train_dp.py resumes
+from its checkpoint.  With torch's defaults the two agents wait about 45 s for the dead node (its 30 s of last call, and
 15 s until a dead node's heartbeat expires): RDZV_CONF are the settings that docs/reliability.md
 ("Healing across hosts") tells a user to set, and the pipeline's bound tells them apart.
 """
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import os
 import re
@@ -25,6 +24,7 @@ import torch
 
 from spmd.pipeline.journal import journal_path
 from spmd.pipeline.sinks import partial_path
+from tests.cluster.healing import JOB, ROWS, TIMEOUT, checksum, journaled, no_job_left, reference, sha256
 from tests.cluster.lab import SUBNET
 from tests.cluster.runs import PY, env, mpiexec
 from tests.cluster.test_hosts import loopback_names
@@ -33,41 +33,14 @@ from tests.support import REPO, finish
 pytestmark = pytest.mark.cluster
 
 TORCHRUN = str(REPO / ".venv" / "bin" / "torchrun")
-ROWS, CHUNK = 1_500_000, 15_000  # 100 rounds: about 8 s at 3 ranks here, so h3 dies mid-job
-JOB = [REPO / "jobs" / "scatter_gather.py", "--rows", ROWS, "--chunk-rows", CHUNK, "--task", "mlp"]
 # The rendezvous of the nodes left closes last_call_timeout after they met (torch: 30 s, most of the
 # wait); a dead node's heartbeat expires after keep_alive_interval x keep_alive_max_attempt s (torch: 5 x 3).
 RDZV_CONF = "last_call_timeout=3,keep_alive_interval=1,keep_alive_max_attempt=3"
 HEAL_BOUND = 30  # s from the kill to the job's end, less the restarted ranks' start-up; torch's defaults: 50+
-TIMEOUT = 240
 TRAIN = [REPO / "jobs" / "train_dp.py", "--steps", 40, "--global-batch", 48, "--log-every", 0]
 # fp32 sums in another order (2 ranks' instead of 3's; measured after 40 steps: 3.1e-7 at most, 4.5e-7 of
 # the distance trained); a wrongly scaled or missing gradient is off by 1e-2 (tests/train/test_data_parallel.py)
 FP32_ABS, FP32_REL = 1e-5, 1e-4
-
-_reference: dict[str, tuple[str, str]] = {}
-
-
-def sha256(path):
-    return hashlib.sha256(open(path, "rb").read()).hexdigest()
-
-
-def checksum(out):
-    found = re.findall(r"^checksum crc32c \w+ \(input \w+\)$", out, re.M)
-    assert len(found) == 1 and f"{ROWS} rows in, {ROWS} out" in out, out[-4000:]
-    return found[0]
-
-
-def reference(lab, where):
-    """(checksum line, output's sha256) of the job uninterrupted at 2 ranks on h1 and h2: once per module."""
-    if "pipeline" not in _reference:
-        out = where / "reference.npy"
-        done = mpiexec(lab, ["-n", "2", "-ppn", "1", PY, *JOB, "--output", out], ["h1", "h2"], TIMEOUT,
-                       SPMD_BACKEND="gloo")
-        assert done.returncode == 0, done.stdout[-4000:]
-        _reference["pipeline"] = checksum(done.stdout), sha256(out)
-        out.unlink()
-    return _reference["pipeline"]
 
 
 def agents(lab, run_id, port, job):
@@ -92,12 +65,6 @@ def wait_for(predicate, timeout, what, procs):
         time.sleep(0.05)
 
 
-def no_job_left(lab, hosts, word):
-    for host in hosts:
-        left = lab.run(host, ["ps", "-eo", "args"]).stdout
-        assert not [line for line in left.splitlines() if word in line or "torchrun" in line], (host, left)
-
-
 @pytest.mark.timeout(TIMEOUT + 120)
 def test_torchrun_heals_the_pipeline_on_the_hosts_left_with_the_same_bytes(lab, tmp_path):
     loopback_names(lab)
@@ -105,8 +72,7 @@ def test_torchrun_heals_the_pipeline_on_the_hosts_left_with_the_same_bytes(lab, 
     out = tmp_path / "out.npy"
     journal = journal_path(out)
     procs = agents(lab, "heal-pipeline", 29540, [*JOB, "--output", out, "--resume"])
-    wait_for(lambda: os.path.exists(journal) and len(open(journal).read().splitlines()) > ROWS // CHUNK // 10,
-             TIMEOUT, "tenth of the rounds journaled", procs)
+    wait_for(lambda: journaled(out), TIMEOUT, "tenth of the rounds journaled", procs)
     lab.kill_all("h3")
     killed = time.monotonic()
     done = {h: finish(procs[h], TIMEOUT, f"torchrun on {h}") for h in ("h1", "h2")}

@@ -57,6 +57,8 @@ GOLDEN_CASES = {
                 "args": NASTY, "env": {"MSG": "multi\nline $(touch /tmp/pwned) 'q' #c,d"}},
     "module": {"module": True, "script": "mypkg.main", "ntasks": 2, "args": ["-x"]},
     "preflight": {"nodes": 3, "ntasks_per_node": 2, "preflight": True},
+    "requeue": {"nodes": "2-3", "ntasks_per_node": 2, "requeue": True, "preflight": True,
+                "args": ["--resume", "--output", "out.npy"]},
 }
 
 
@@ -245,6 +247,34 @@ def test_batch_file_forwards_the_preemption_signal_and_requeues(fake_slurm):
     assert "SIGUSR1 received" in out and "requeueing job 77" in out
 
 
+RANGE = {"nodes": "2-3", "ntasks_per_node": 2, "requeue": True}
+
+
+@pytest.mark.timeout(30)
+def test_a_node_range_runs_on_the_nodes_slurm_gave(fake_slurm):
+    """--nodes 2-3: a requeued job that SLURM gave 2 nodes (one failed) starts 2 tasks on each of them."""
+    tmp_path, env = fake_slurm
+    proc = run_batch(tmp_path, env, RANGE, SLURM_NTASKS="", SLURM_TASKS_PER_NODE="2(x2)",
+                     SLURM_RESTART_COUNT="1")
+    out = finish(proc, 20, "the batch file").stdout
+    assert proc.returncode == 0, out
+    assert json.loads((tmp_path / "out").read_text())["argv"][:2] == ["--kill-on-bad-exit=1",
+                                                                     "--ntasks-per-node=2"]
+    assert "spmd: 2 nodes (node-[a-b]), 4 tasks, requeue number 1" in out
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("nodes, ntasks", [("1", ""), ("4", ""), ("", ""), ("3", "6")])
+def test_a_node_range_refuses_a_world_outside_it(fake_slurm, nodes, ntasks):
+    """Fewer or more nodes than the range, or a task count (which makes SLURM give the fewest nodes)."""
+    tmp_path, env = fake_slurm
+    proc = run_batch(tmp_path, env, RANGE, SLURM_JOB_NUM_NODES=nodes, SLURM_NTASKS=ntasks)
+    out = finish(proc, 20, "the batch file").stdout
+    assert proc.returncode == 2, out
+    assert f"expects 2-3 nodes and no task count, but SLURM gave SLURM_JOB_NUM_NODES={nodes or 'unset'}" in out
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.timeout(30)
 def test_batch_file_exits_with_the_launchers_code(fake_slurm):
     tmp_path, env = fake_slurm
@@ -296,6 +326,12 @@ def test_bad_times_are_refused(text):
     ({"backend": "tcp"}, "--backend"),
     ({"launcher": "mpirun", "mpi": "pmi2"}, "srun option"),
     ({"bogus": 1}, "unknown option 'bogus'"),
+    ({"nodes": "3-2"}, "MIN-MAX with 1 <= MIN <= MAX"),
+    ({"nodes": "0-2"}, "MIN-MAX with 1 <= MIN <= MAX"),
+    ({"nodes": "2-x"}, "whole number"),
+    ({"nodes": "2-3", "ntasks": 6}, "give that instead of --ntasks"),
+    ({"nodes": "2-3", "launcher": "mpirun"}, "a node range needs srun"),
+    ({"max_nodes": 3}, "give --nodes MIN-MAX"),
 ])
 def test_bad_options_are_refused_clearly(values, match):
     with pytest.raises(SubmitError, match=match):
@@ -311,11 +347,20 @@ def test_layouts_resolve_to_a_world():
     o = make({**BASE, "ntasks": 5, "nodes": 2})
     assert (o.nodes, o.ntasks, o.ntasks_per_node) == (2, 5, None)
     assert make({**BASE, "mem": "16g"}).mem == "16G"
+    o = make({**BASE, "nodes": "2-3", "ntasks_per_node": 4})
+    assert (o.nodes, o.max_nodes, o.ntasks, o.ntasks_per_node, o.node_range) == (2, 3, 8, 4, "2-3")
+    o = make({**BASE, "nodes": " 2 - 3 "})
+    assert (o.nodes, o.max_nodes, o.ntasks_per_node) == (2, 3, 1)
+    o = make({**BASE, "nodes": "3-3"})
+    assert (o.nodes, o.max_nodes, o.node_range) == (3, None, "3")
 
 
 def test_notes_for_doubtful_but_valid_choices():
     assert any("nccl" in n for n in make({**BASE, "backend": "nccl"}).notes)
     assert any("no warning" in n for n in make({**BASE, "requeue": True}).notes)
+    assert any("--nodes=2-3 lets it start on the nodes left" in n
+               for n in make({**BASE, "nodes": 3, "requeue": True}).notes)
+    assert not any("nodes left" in n for n in make({**BASE, "nodes": "2-3", "requeue": True}).notes)
     assert make({**BASE, "backend": "mpi"}).srun_mpi == "pmi2"
     assert make({**BASE, "backend": "gloo"}).srun_mpi is None
 
@@ -551,6 +596,18 @@ def test_dry_run_prints_the_file_and_the_command_only(fake_sbatch):
     assert "# sbatch command: sbatch --parsable logs/submit/job-" in result.stdout
     assert not (fake_sbatch / "sbatch.log").exists()
     assert not (fake_sbatch / "logs").exists()
+
+
+def test_a_node_range_from_the_command_line(fake_sbatch):
+    """-N 2-3: the range, CPUs for the tasks of a node, no task count; srun starts them on every node."""
+    result = invoke("--dry-run", "-N", "2-3", "--ntasks-per-node", "2", "-c", "3", "--requeue",
+                    "--python", "py", "job.py")
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert {"#SBATCH --nodes=2-3", "#SBATCH --mincpus=6", "#SBATCH --cpus-per-task=3",
+            "#SBATCH --requeue"} <= set(lines)
+    assert not [line for line in lines if line.startswith(("#SBATCH --ntasks", "#SBATCH --ntasks-per-node"))]
+    assert "exec srun --kill-on-bad-exit=1 --ntasks-per-node=2 --cpus-per-task=3 py -m spmd job.py" in lines
 
 
 def test_profile_and_command_line_reach_the_file(fake_sbatch):
