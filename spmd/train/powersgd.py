@@ -2,21 +2,16 @@
 
 After Vogels, Karimireddy and Jaggi, "PowerSGD: Practical Low-Rank Gradient
 Compression for Distributed Optimization" (NeurIPS 2019), Algorithms 1 and 2.
-For each gradient M (n x m; a tensor of more dimensions is read as its first
-dimension x the rest), on every rank:
+For each gradient matrix (more dimensions: the first x the rest), on every rank:
 
-    M = gradient + E                     E: what earlier steps did not send (error feedback)
-    P = M Q                              Q: m x R, kept from the last step (warm start)
-    P = mean over ranks of P             (one all_reduce for the P's of every matrix)
-    P = orthonormal columns of P
-    Q = mean over ranks of M^T P         (one all_reduce for the Q's of every matrix)
-    gradient = P Q^T                     the same on every rank
-    E = M - P Q^T                        this rank's own
+    M = gradient + E      E: what earlier steps did not send (error feedback)
+    P = mean over ranks of M Q, made orthonormal   Q: m x R from the last step (warm start)
+    Q = mean over ranks of M^T P                   (one all_reduce for all P's, one for all Q's)
+    gradient = P Q^T      the same on every rank;  E = M - P Q^T, this rank's own
 
 The first Q is drawn from a generator seeded alike on every rank.  Vectors
-and matrices for which R (n + m) >= n m cost no less as factors: the caller
-sends those uncompressed (:func:`compressible`).  docs/training.md says
-when this pays, what it costs and how its state is checkpointed.
+and matrices with R (n + m) >= n m go uncompressed (:func:`compressible`).
+docs/training.md says when this pays, what it costs and how it is checkpointed.
 """
 
 from __future__ import annotations
