@@ -118,26 +118,25 @@ class PowerSGD:
                 self._finish(i, ms[i], p, q)
 
     def _local(self, i: int) -> torch.Tensor:
-        """M: this rank's gradient (a mean over its micro-batches) plus its error, as n x m."""
+        """M: this rank's gradient (a mean over its micro-batches) plus its error, as n x m, made in E's place."""
         g = self.params[i].grad
         if g is not None and g.is_sparse:
             raise DataParallelError(
                 f"PowerSGD compresses dense gradients; {self.names[i]} has a sparse one: "
                 "send it as rows (sparse_rows=True) or leave it out of the powersgd patterns")
-        m = self.errors[i].clone()
+        m = self.errors[i]
         if g is not None:
             m.add_(g.reshape(self.shapes[i]), alpha=1 / self.accum_steps)
         return m
 
     def _finish(self, i: int, m: torch.Tensor, p: torch.Tensor, q: torch.Tensor) -> None:
-        """Write P Q^T as the gradient, keep E = M - P Q^T and Q for the next step."""
-        approx = p @ q.T
-        torch.sub(m, approx, out=self.errors[i])
+        """Write P Q^T as the gradient, leave E = M - P Q^T (M was made in E's place), keep Q for the next step."""
         param = self.params[i]
-        if param.grad is None:
-            param.grad = approx.view_as(param)
-        else:
-            param.grad.copy_(approx.view_as(param))
+        if param.grad is None or not param.grad.is_contiguous():
+            param.grad = torch.empty_like(param, memory_format=torch.contiguous_format)
+        approx = param.grad.view(self.shapes[i])
+        torch.matmul(p, q.T, out=approx)
+        m.sub_(approx)
         # A zero column of Q (P had fewer independent columns than R) would stay
         # zero for ever under warm start: draw it again, alike on every rank.
         dead = (q == 0).all(dim=0)
