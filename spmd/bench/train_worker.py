@@ -59,7 +59,11 @@ def _wrap(o, model, comm):
         if not dist.is_initialized():  # a world of one: spmd runs serial, DDP still wants a group
             dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
         # The pooler never gets a gradient (as in BERT): DDP must be told to look for such.
-        ddp = DistributedDataParallel(model, find_unused_parameters=True)
+        # torch's powerSGD_hook waits on futures inside its callbacks: with two DDP buckets on
+        # gloo both of gloo's threads sat in those waits and the step never ended (seen here
+        # at dim 256), so that case gets one bucket (an explicit cap sizes the first one too).
+        ddp = DistributedDataParallel(model, find_unused_parameters=True,
+                                      bucket_cap_mb=1024 if o["powersgd"] else None)
         if o["powersgd"]:
             return _ddp_powersgd(ddp, model, o["powersgd"], comm)
         return (ddp, ddp.no_sync, None, lambda: {"backend": f"torch {dist.get_backend()}", "buckets": None},
@@ -76,7 +80,8 @@ def _wrap(o, model, comm):
 
 def _ddp_powersgd(ddp, model, rank, comm):
     """DDP with torch's powerSGD_hook at rank `rank`: error feedback and warm start, from the second step
-    (the earliest torch allows), matrices compressed under the same rule as spmd's (R (n + m) < n m)."""
+    (the earliest torch allows), matrices compressed under the same rule as spmd's (R (n + m) < n m),
+    in one DDP bucket (see _wrap)."""
     import torch.distributed as dist
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
 

@@ -95,7 +95,7 @@ class PowerSGD:
 
     @property
     def wire_elements(self) -> int:
-        """Elements one rank all_reduces in a step: the P's and the Q's."""
+        """Elements one rank all_reduces in a step where every matrix got a gradient: the P's and the Q's."""
         return sum(r * (n + m) for (n, m), r in zip(self.shapes, self.ranks))
 
     def synchronize(self, used: dict[int, bool]) -> None:
@@ -152,7 +152,7 @@ class PowerSGD:
         flat.div_(self.comm.size)
         out, offset = [], 0
         for t in mats:
-            out.append(flat[offset : offset + t.numel()].view(t.shape).clone())
+            out.append(flat[offset : offset + t.numel()].view(t.shape).to(t.dtype, copy=True))
             offset += t.numel()
         return out
 
