@@ -122,9 +122,11 @@ def test_tiny_run_has_every_case_positive_parts_and_the_same_start(tmp_path):
 
 @pytest.mark.launcher
 @pytest.mark.timeout(300)
-def test_the_low_rank_cases_run_beside_each_other_from_the_same_start(tmp_path):
+def test_the_powersgd_case_runs_beside_ddp_from_the_same_start(tmp_path):
+    # DDP's own powerSGD case is left out: torch's hook on gloo hung or aborted on a collective
+    # mismatch in some launches here (docs/bench.md), which would make this test flaky.
     out = tmp_path / "train.json"
-    cases = [c[0] for c in tb.LOW_RANK]
+    cases = ["spmd gloo powersgd:4", "DDP gloo"]
     cmd = [PY, "-m", "spmd.bench.train", "--ranks", "2", "--repeats", "1", "--steps", "3", "--warmup", "1",
            "--dim", "32", "--layers", "1", "--global-batch", "8", "--loss-steps", "0", "--launcher", "spmd",
            "--cases", ",".join(cases), "--json", out]
@@ -132,12 +134,11 @@ def test_the_low_rank_cases_run_beside_each_other_from_the_same_start(tmp_path):
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     rows = {r["case"]: r for r in json.loads(out.read_text())["rows"]}
     assert sorted(rows) == sorted(cases)
-    assert rows["spmd gloo powersgd:4"]["sync"] > 0 and rows["DDP gloo powerSGD:4"]["sync"] == 0
-    spmd, ddp = rows["spmd gloo powersgd:4"], rows["DDP gloo powerSGD:4"]
-    assert spmd["loss0"] == pytest.approx(ddp["loss0"], abs=1e-5)
-    # Both compress from their second step on (torch's hook cannot earlier), so after 4 steps
-    # they differ, but both trained: measured 3.5389 at step 0, 3.6212 and 3.6124 at the last.
-    assert spmd["loss_last"] != ddp["loss_last"] and abs(spmd["loss_last"] - ddp["loss_last"]) < 0.1
+    low, ddp = rows["spmd gloo powersgd:4"], rows["DDP gloo"]
+    assert low["sync"] > 0 and low["loss0"] == pytest.approx(ddp["loss0"], abs=1e-5)
+    # Low-rank gradients train differently from the first step (measured after 4 steps:
+    # 3.6212 against 3.6101 uncompressed, from 3.5389), but they train.
+    assert low["loss_last"] != ddp["loss_last"] and abs(low["loss_last"] - ddp["loss_last"]) < 0.1
 
 
 @pytest.mark.unit
