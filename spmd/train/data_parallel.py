@@ -232,11 +232,12 @@ class DataParallel:
 
     def _average_micro_batches(self) -> None:
         """On one rank: divide the accumulated gradients by accum_steps (PowerSGD compresses them still)."""
-        if self._powersgd.params:
+        low_rank = {id(p) for p in self._powersgd.params}
+        if low_rank:  # divides by accum_steps itself
             self._powersgd.synchronize({id(p): p.grad is not None for p in self._powersgd.params})
         if self.accum_steps > 1:
             for p in self.params:
-                if p.grad is not None:
+                if p.grad is not None and id(p) not in low_rank:
                     p.grad.div_(self.accum_steps)
 
     def _agree_on_use(self) -> tuple[dict[int, bool], list[Any]]:

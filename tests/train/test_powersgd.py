@@ -181,6 +181,27 @@ def test_two_all_reduces_per_step_and_the_same_bits_on_every_rank(overlap, accum
         assert torch.equal(t, out[1][2][name]), name
 
 
+def test_one_rank_with_accumulation_gets_the_mean_of_its_micro_batches():
+    x = torch.randn(1, 16, generator=torch.Generator().manual_seed(4))
+    targets = torch.randn(2, 8, generator=torch.Generator().manual_seed(5))
+
+    def grad_of(compress):  # the same input twice: the summed gradient is rank 1, which rank 1 sends exactly
+        def rank(comm):
+            model = nn.Linear(16, 8, bias=False)
+            with torch.no_grad():
+                model.weight.fill_(0.1)
+            dp = DataParallel(model, comm, compress=compress, accum_steps=2)
+            for t in targets:
+                dp.backward(((model(x) - t) ** 2).mean())
+            return model.weight.grad.clone(), len(dp.powersgd.params)
+
+        return ranks_ok(run_ranks(1, rank))[0][0]
+
+    (low, compressed), (full, _) = grad_of("powersgd:1"), grad_of(None)
+    assert compressed == 1
+    torch.testing.assert_close(low, full, rtol=1e-5, atol=1e-7)
+
+
 def test_patterns_choose_powersgd_per_parameter():
     def rank(comm):
         dp = DataParallel(Net(), comm, compress={"mid.*": "powersgd:2", "inp.*": "bf16"})
