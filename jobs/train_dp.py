@@ -219,6 +219,8 @@ def start(o):
     try:
         dp = DataParallel(model, bucket_mb=o.bucket_mb, overlap=o.overlap, compress=o.compress,
                           accum_steps=o.accum_steps, sparse_rows=o.sparse_rows)
+        if o.resume:  # PowerSGD's error feedback and warm start (empty without it)
+            dp.load_state_dict(state.get("data_parallel", {}))
     except DataParallelError as exc:  # a --compress pattern that matches no parameter
         raise click.UsageError(str(exc)) from None
     return model, optimizer, dp, first
@@ -255,16 +257,17 @@ def train(o, model, optimizer, dp, first):
         stop = WARNED and preempt.any_preempted(comm)  # every rank stops at the same step
         if o.checkpoint and (stop or done == o.steps
                              or (o.checkpoint_every and done % o.checkpoint_every == 0)):
-            write_checkpoint(o, model, optimizer, done)
+            write_checkpoint(o, model, optimizer, dp, done)
         if stop and done < o.steps:
             say(f"preempted after step {done}: stopping; a requeued run resumes from the checkpoint")
             sys.exit(0)
     return logged
 
 
-def write_checkpoint(o, model, optimizer, done):
-    """Save model and optimizer state at step done (rank 0 writes, atomically)."""
+def write_checkpoint(o, model, optimizer, dp, done):
+    """Save model, optimizer and DataParallel state at step done (rank 0 writes, atomically; every rank calls)."""
     state = {"step": done, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+             "data_parallel": dp.state_dict(),
              "optimizer_name": o.optimizer_name, "seed": o.seed, "global_batch": o.global_batch}
     path = save_checkpoint(state, o.checkpoint.replace("{step}", str(done)))
     if path:
@@ -289,7 +292,7 @@ def finish(o, model, first, loss, seconds):
 class CompressParam(click.ParamType):
     """--compress: one dtype for every gradient, or pattern=dtype pairs (spmd.train.compress)."""
 
-    name = "none|fp16|bf16|PATTERN=DTYPE,..."
+    name = "none|fp16|bf16|powersgd[:R]|PATTERN=NAME,..."
 
     def convert(self, value, param, ctx):
         if not isinstance(value, str):
@@ -319,8 +322,9 @@ class CompressParam(click.ParamType):
 @click.option("--accum-steps", default=1, show_default=True, type=click.IntRange(min=1),
               help="Micro-batches per step; gradients are averaged once per step.")
 @click.option("--compress", default="none", show_default=True, type=CompressParam(),
-              help="Dtype the gradients travel in: none, fp16 or bf16; or per parameter, "
-                   "'tokens.*=bf16,mlm.*=fp16' (the rest uncompressed).")
+              help="How the gradients travel: none, fp16 or bf16 (their dtype), powersgd[:R] (matrices as "
+                   "rank-R factors, default 4); or per parameter, 'tokens.*=bf16,encoder.*=powersgd:4' "
+                   "(the rest uncompressed).")
 @click.option("--vocab", default=VOCAB, show_default=True, type=click.IntRange(min=2),
               help="Ordinary tokens (BERT's: 30522).")
 @click.option("--zipf", default=0.0, show_default=True, type=click.FloatRange(min=0),

@@ -3,7 +3,8 @@
     python -m spmd.bench.train [--ranks 1,2,4] [--repeats 5] [--steps 30] [--json train.json]
 
 jobs/train_dp.py's TinyBert under DataParallel (gloo and mpi; plain, overlap,
-bf16) and DDP on gloo, each launch on its own (:mod:`spmd.bench.train_worker`),
+bf16) and DDP on gloo, each launch on its own (:mod:`spmd.bench.train_worker`);
+--cases adds powersgd:4 beside DDP with torch's powerSGD_hook (LOW_RANK).  Launches are
 interleaved over repeats; the table gives medians of the repeats' medians,
 their spread, the speed against DDP and the step's parts.  Method: docs/bench.md.
 """
@@ -20,7 +21,7 @@ from spmd.errors import BenchError
 from spmd.bench.startup import clean_env, find_mpirun, launch_record
 from spmd.util.paths import TRAIN_WORKER
 
-__all__ = ["CASES", "launch", "measure", "losses", "summary", "targets", "report", "bench", "main"]
+__all__ = ["CASES", "LOW_RANK", "launch", "measure", "losses", "summary", "targets", "report", "bench", "main"]
 
 #: (label, impl, backend, options): what each launch runs.
 CASES = (
@@ -33,6 +34,12 @@ CASES = (
     ("DDP gloo", "ddp", "gloo", {}),
 )
 DDP = "DDP gloo"
+
+#: Cases run only when --cases names them: low-rank compression, which pays on slow links only.
+LOW_RANK = (
+    ("spmd gloo powersgd:4", "spmd", "gloo", {"compress": "powersgd:4"}),
+    ("DDP gloo powerSGD:4", "ddp", "gloo", {"powersgd": 4}),
+)
 
 #: The model and batch of the issue: about 3.2 M parameters.
 MODEL = {"dim": 256, "layers": 4, "heads": 4, "global_batch": 64}
@@ -84,6 +91,7 @@ def digest(record):
     row["comm"] = row["backward"] + row["sync"] - row["local_backward"] if row["local_backward"] else None
     row["other"] = row["step_mean_ms"] - (row["forward"] + row["backward"] + row["sync"] + row["optimizer"])
     row["loss0"] = record["losses"][0]
+    row["loss_last"] = record["losses"][-1]  # after warmup + steps steps
     for k in ("ranks", "threads", "params", "backend", "bucket_mb", "buckets", "bucket_params", "wall_s"):
         row[k] = record.get(k)
     return row
@@ -98,7 +106,7 @@ def measure(ranks=(1, 2, 4), repeats=5, steps=30, warmup=5, model=None, cases=No
             probe=True, launcher="auto", progress=None, timeout=900):
     """Run every case at every rank count, interleaved, repeats times; return one row per launch."""
     model = {**MODEL, **(model or {})}
-    chosen = [c for c in CASES if cases is None or c[0] in cases]
+    chosen = list(CASES) if cases is None else [c for c in CASES + LOW_RANK if c[0] in cases]
     out = []
     for rep in range(repeats):
         for n in ranks:
@@ -117,7 +125,7 @@ def measure(ranks=(1, 2, 4), repeats=5, steps=30, warmup=5, model=None, cases=No
                     comm = "-" if row["comm"] is None else f"{row['comm']:.1f}"
                     progress(f"  repeat {rep + 1}/{repeats} {n} ranks {label:<18} {row['step_ms']:8.1f} ms/step "
                              f"(comm {comm} ms, sync {row['sync']:.1f} ms) loss0 {row['loss0']:.6f} "
-                             f"load {row['load']:.2f}")
+                             f"last {row['loss_last']:.4f} load {row['load']:.2f}")
     return out
 
 
@@ -237,7 +245,7 @@ def report(doc):
              f"{'case':<18} {'ranks':>5} {'ms/step':>8} {'spread':>7} {'<=5%':>4} {'stable':>6} {'samples/s':>9}"
              f" {'vs DDP':>6}"
              f" | {'fwd':>6} {'bwd(l)':>6} {'comm':>6} {'sync':>6} {'opt':>6} {'other':>6}"]
-    for (case, n), v in sorted(s.items(), key=lambda kv: (kv[0][1], [c[0] for c in CASES].index(kv[0][0]))):
+    for (case, n), v in sorted(s.items(), key=lambda kv: (kv[0][1], [c[0] for c in CASES + LOW_RANK].index(kv[0][0]))):
         lines.append(
             f"{case:<18} {n:>5} {v['step_ms']:>8.1f} {v['spread']:>6.1%} {'yes' if v['within_5pct'] else 'no':>4} "
             f"{v['stability']:>5.1%} {gb / v['step_ms'] * 1e3:>9.0f} {_f(v['vs_ddp'], '{:.2f}x'):>6} | {_f(v['forward']):>6} "
@@ -290,8 +298,8 @@ def main(argv=None):
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--steps", type=int, default=30, help="timed steps per launch [default: 30]")
     p.add_argument("--warmup", type=int, default=5, help="untimed steps first [default: 5]")
-    p.add_argument("--cases", default=None, help="comma-separated labels [default: all: "
-                   + ", ".join(c[0] for c in CASES) + "]")
+    p.add_argument("--cases", default=None, help="comma-separated labels [default: "
+                   + ", ".join(c[0] for c in CASES) + "; also: " + ", ".join(c[0] for c in LOW_RANK) + "]")
     p.add_argument("--dim", type=int, default=MODEL["dim"])
     p.add_argument("--layers", type=int, default=MODEL["layers"])
     p.add_argument("--heads", type=int, default=MODEL["heads"])
@@ -312,9 +320,9 @@ def main(argv=None):
     except ValueError:
         p.error(f"--ranks: expected comma-separated integers, got {o.ranks!r}")
     cases = None if o.cases is None else [c.strip() for c in o.cases.split(",") if c.strip()]
-    unknown = sorted(set(cases or ()) - {c[0] for c in CASES})
+    unknown = sorted(set(cases or ()) - {c[0] for c in CASES + LOW_RANK})
     if unknown:
-        p.error(f"--cases: unknown {unknown}; known: {[c[0] for c in CASES]}")
+        p.error(f"--cases: unknown {unknown}; known: {[c[0] for c in CASES + LOW_RANK]}")
     model = {"dim": o.dim, "layers": o.layers, "heads": o.heads, "global_batch": o.global_batch,
              **({"vocab": o.vocab} if o.vocab else {})}
     progress = None if o.quiet else (lambda line: print(line, file=sys.stderr, flush=True))

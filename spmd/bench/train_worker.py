@@ -19,7 +19,7 @@ from pathlib import Path
 
 JOB = Path(__file__).resolve().parents[2] / "jobs" / "train_dp.py"
 
-DEFAULTS = {"impl": "spmd", "overlap": False, "compress": None, "bucket_mb": None, "dim": 256, "layers": 4,
+DEFAULTS = {"impl": "spmd", "overlap": False, "compress": None, "powersgd": None, "bucket_mb": None, "dim": 256, "layers": 4,
             "heads": 4, "global_batch": 64, "seed": 0, "warmup": 5, "steps": 30, "probe": True, "mode": "time",
             "vocab": None, "sparse_rows": False, "sparse_embedding": False, "optimizer": "adamw",
             "zipf": 0.0}
@@ -59,7 +59,13 @@ def _wrap(o, model, comm):
         if not dist.is_initialized():  # a world of one: spmd runs serial, DDP still wants a group
             dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
         # The pooler never gets a gradient (as in BERT): DDP must be told to look for such.
-        ddp = DistributedDataParallel(model, find_unused_parameters=True)
+        # torch's powerSGD_hook waits on futures inside its callbacks: with two DDP buckets on
+        # gloo both of gloo's threads sat in those waits and the step never ended (seen here
+        # at dim 256), so that case gets one bucket (an explicit cap sizes the first one too).
+        ddp = DistributedDataParallel(model, find_unused_parameters=True,
+                                      bucket_cap_mb=1024 if o["powersgd"] else None)
+        if o["powersgd"]:
+            return _ddp_powersgd(ddp, model, o["powersgd"], comm)
         return (ddp, ddp.no_sync, None, lambda: {"backend": f"torch {dist.get_backend()}", "buckets": None},
                 lambda micro: ddp_wire_bytes(model, comm.size, micro[0].unique().numel()))
     from spmd.train.data_parallel import DataParallel
@@ -72,6 +78,28 @@ def _wrap(o, model, comm):
         "bucket_params": [len(b.params) for b in dp.buckets]}, lambda micro: spmd_wire_bytes(dp, comm.size)
 
 
+def _ddp_powersgd(ddp, model, rank, comm):
+    """DDP with torch's powerSGD_hook at rank `rank`: error feedback and warm start, from the second step
+    (the earliest torch allows), matrices compressed under the same rule as spmd's (R (n + m) < n m),
+    in one DDP bucket (see _wrap)."""
+    import torch.distributed as dist
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
+
+    state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=rank,
+                                        start_powerSGD_iter=2, min_compression_rate=1)
+    ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+    return (ddp, ddp.no_sync, None, lambda: {"backend": f"torch {dist.get_backend()}", "buckets": None},
+            lambda micro: ring(4 * powersgd_elements(model, rank), comm.size))
+
+
+def powersgd_elements(model, rank):
+    """Elements of a PowerSGD step at rank `rank`: the factors of the matrices worth it, the rest whole."""
+    from spmd.train.powersgd import compressible
+
+    return sum(rank * (p.shape[0] + p[0].numel()) if compressible(p, rank) else p.numel()
+               for p in model.parameters() if p.requires_grad)
+
+
 def ring(nbytes, size):
     """Bytes one rank sends in a ring all_reduce of nbytes: 2 (n-1)/n of them."""
     return 2 * (size - 1) / size * nbytes
@@ -80,7 +108,8 @@ def ring(nbytes, size):
 def spmd_wire_bytes(dp, size):
     """Bytes of gradients one rank sent in DataParallel's last step: its buckets (ring) and its rows."""
     buckets = sum(ring((b.wire if b.wire is not None else b.flat).nbytes, size) for b in dp.buckets)
-    return buckets + dp.wire_bytes_of_rows
+    factors = ring(4 * dp.powersgd.wire_elements, size)  # float32 P's and Q's
+    return buckets + factors + dp.wire_bytes_of_rows
 
 
 def ddp_wire_bytes(model, size, touched):

@@ -26,8 +26,9 @@ import torch
 from spmd.errors import DataParallelError
 from spmd.train.buckets import auto_bucket_mb, broadcast_tensors, default_comm, plan_buckets
 from spmd.train.checkpoint import atomic_save, load_checkpoint, save_checkpoint
-from spmd.train.compress import check_compress, describe, dtype_names
+from spmd.train.compress import check_compress, describe, dtype_names, powersgd_rank
 from spmd.train.overlap import Scheduler
+from spmd.train.powersgd import PowerSGD, compressible
 from spmd.train.sparse_rows import RowSender, RowWeight, embedding_weights
 
 if TYPE_CHECKING:
@@ -58,9 +59,11 @@ class DataParallel:
         (default: 25; with overlap a quarter of the gradients, 1 to 25,
         unless this node has more ranks than CPUs: see auto_bucket_mb).
     overlap: send each bucket from a gradient hook while backward runs.
-    compress: None, "fp16" or "bf16": the dtype gradients travel in; or a
-        mapping of parameter-name patterns to those, the rest uncompressed
-        (``{"tokens.*": "bf16"}``: spmd.train.compress).
+    compress: None, "fp16" or "bf16": the dtype gradients travel in;
+        "powersgd" or "powersgd:R": matrices as rank-R factors with error
+        feedback (R 4 by default; vectors and small matrices uncompressed:
+        spmd.train.powersgd); or a mapping of parameter-name patterns to
+        those, the rest uncompressed (``{"tokens.*": "bf16"}``: spmd.train.compress).
     sparse_rows: send the gradient of every ``nn.Embedding`` (and
         ``nn.EmbeddingBag``) as the rows this step touched on each rank,
         gathered and summed in rank order, instead of the whole matrix
@@ -86,12 +89,16 @@ class DataParallel:
         self.accum_steps = accum_steps
         self.root = root
         self.params = [p for p in model.parameters() if p.requires_grad]
-        dtypes = dtype_names(model, self.compress)
+        ways = dtype_names(model, self.compress)
         tables = embedding_weights(model) if self.sparse_rows else []
+        as_rows = {id(p) for _, p, _ in tables}
+        self._powersgd = self._plan_powersgd(ways, as_rows)
+        low_rank = {id(p) for p in self._powersgd.params}
+        # What PowerSGD leaves (vectors, small matrices, rows) travels uncompressed.
+        dtypes = {k: None if powersgd_rank(v) else v for k, v in ways.items()}
         self._rows = RowSender(self.comm, [RowWeight(n, p, sparse, dtypes[id(p)]) for n, p, sparse in tables],
                                self.divisor)
-        as_rows = {id(p) for _, p, _ in tables}
-        bucketed = [p for p in self.params if id(p) not in as_rows]
+        bucketed = [p for p in self.params if id(p) not in as_rows and id(p) not in low_rank]
         if bucket_mb is None:
             crowded = getattr(self.comm, "local_size", 1) > (os.cpu_count() or 1)
             bucket_mb = auto_bucket_mb(bucketed, self.overlap, crowded)
@@ -103,6 +110,17 @@ class DataParallel:
         self.broadcast_parameters()
         if self.overlap and self.comm.size > 1:
             self._scheduler.install_hooks()
+
+    def _plan_powersgd(self, dtypes: dict[int, str | None], as_rows: set[int]) -> PowerSGD:
+        """The matrices whose compress is powersgd:R and that cost less as factors; the rest go in buckets."""
+        named = [(n, p, powersgd_rank(dtypes[id(p)])) for n, p in self.module.named_parameters()
+                 if p.requires_grad and id(p) not in as_rows]
+        return PowerSGD(self.comm, [(n, p, r) for n, p, r in named if r and compressible(p, r)], self.accum_steps)
+
+    @property
+    def powersgd(self) -> PowerSGD:
+        """The matrices sent as low-rank factors (spmd.train.powersgd), with their E and Q."""
+        return self._powersgd
 
     @property
     def buckets(self) -> list[Bucket]:
@@ -121,6 +139,7 @@ class DataParallel:
 
     def __repr__(self) -> str:
         rows = f", {len(self.row_weights)} sent as rows" if self.sparse_rows else ""
+        rows += f", {len(self._powersgd.params)} as low-rank factors" if self._powersgd.params else ""
         return (
             f"<DataParallel {len(self.params)} parameters in {len(self.buckets)} buckets{rows}, "
             f"rank {self.comm.rank} of {self.comm.size}, overlap {self.overlap}, "
@@ -200,9 +219,10 @@ class DataParallel:
             scheduler = self._scheduler
             scheduler.send_rest()
             self._rows.synchronize()  # while the buckets are in flight
-            if not scheduler.params:
+            if not scheduler.params and not self._powersgd.params:
                 return
             used, late = self._agree_on_use()
+            self._powersgd.synchronize(used)  # while the buckets are in flight
             deltas = [f.lateness() for f in late]  # before write_back overwrites the late gradients
             scheduler.write_back(used)
             scheduler.add_late(late, deltas, used)
@@ -211,22 +231,47 @@ class DataParallel:
             self._reset()
 
     def _average_micro_batches(self) -> None:
-        """On one rank: divide the accumulated gradients by accum_steps."""
+        """On one rank: divide the accumulated gradients by accum_steps (PowerSGD compresses them still)."""
+        low_rank = {id(p) for p in self._powersgd.params}
+        if low_rank:  # divides by accum_steps itself
+            self._powersgd.synchronize({id(p): p.grad is not None for p in self._powersgd.params})
         if self.accum_steps > 1:
             for p in self.params:
-                if p.grad is not None:
+                if p.grad is not None and id(p) not in low_rank:
                     p.grad.div_(self.accum_steps)
 
     def _agree_on_use(self) -> tuple[dict[int, bool], list[Any]]:
         """Return which parameters got a gradient on some rank, and the buckets some rank got one late for."""
-        got = [p.grad is not None for p in self._scheduler.params]
+        params = self._scheduler.params + self._powersgd.params
+        got = [p.grad is not None for p in params]
         got += self._scheduler.late_flags()
         counts = torch.tensor(got, dtype=torch.int32)
         self.comm.all_reduce(counts)
         flags = counts.tolist()
-        n = len(self._scheduler.params)
-        used = {id(p): bool(u) for p, u in zip(self._scheduler.params, flags)}
+        n = len(params)
+        used = {id(p): bool(u) for p, u in zip(params, flags)}
         return used, self._scheduler.late(flags[n:])
+
+    # -- checkpoints -----------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a resumed run needs besides the model and optimizer: PowerSGD's Q's and every rank's E.
+
+        A collective (every rank calls it; every rank gets the whole): the
+        root saves it in the checkpoint beside the model's state.  Empty
+        without PowerSGD.
+        """
+        return {"powersgd": self._powersgd.state_dict()} if self._powersgd.params else {}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore state_dict()'s output (from load_checkpoint, on every rank) so that training continues alike."""
+        if bool(state.get("powersgd")) != bool(self._powersgd.params):
+            raise DataParallelError(
+                "DataParallel.load_state_dict: the checkpoint was written "
+                f"{'with' if state.get('powersgd') else 'without'} PowerSGD and this DataParallel runs "
+                f"{'with' if self._powersgd.params else 'without'} it; resume with the same compress")
+        if self._powersgd.params:
+            self._powersgd.load_state_dict(state["powersgd"])
 
     def _reset(self) -> None:
         self._scheduler.reset()

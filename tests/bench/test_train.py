@@ -118,3 +118,39 @@ def test_tiny_run_has_every_case_positive_parts_and_the_same_start(tmp_path):
     assert set(doc["losses"]) == {"fp32", "bf16"} and all(len(v["losses"]) == 3 for v in doc["losses"].values())
     assert doc["losses"]["fp32"]["losses"][0] == pytest.approx(loss0[0], abs=1e-5)
     assert "targets:" in done.stdout and "DDP gloo" in done.stdout
+
+
+@pytest.mark.launcher
+@pytest.mark.timeout(300)
+def test_the_powersgd_case_runs_beside_ddp_from_the_same_start(tmp_path):
+    # DDP's own powerSGD case is left out: torch's hook on gloo hung or aborted on a collective
+    # mismatch in some launches here (docs/bench.md), which would make this test flaky.
+    out = tmp_path / "train.json"
+    cases = ["spmd gloo powersgd:4", "DDP gloo"]
+    cmd = [PY, "-m", "spmd.bench.train", "--ranks", "2", "--repeats", "1", "--steps", "3", "--warmup", "1",
+           "--dim", "32", "--layers", "1", "--global-batch", "8", "--loss-steps", "0", "--launcher", "spmd",
+           "--cases", ",".join(cases), "--json", out]
+    done = run(cmd, timeout=280, env=clean_env())
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    rows = {r["case"]: r for r in json.loads(out.read_text())["rows"]}
+    assert sorted(rows) == sorted(cases)
+    low, ddp = rows["spmd gloo powersgd:4"], rows["DDP gloo"]
+    assert low["sync"] > 0 and low["loss0"] == pytest.approx(ddp["loss0"], abs=1e-5)
+    # Low-rank gradients train differently from the first step (measured after 4 steps:
+    # 3.6212 against 3.6101 uncompressed, from 3.5389), but they train.
+    assert low["loss_last"] != ddp["loss_last"] and abs(low["loss_last"] - ddp["loss_last"]) < 0.1
+
+
+@pytest.mark.unit
+def test_the_low_rank_wire_of_ddp_counts_what_dataparallel_sends():
+    from spmd.bench.train_worker import load_job, powersgd_elements
+    from spmd.train.data_parallel import DataParallel
+    from tests.support import ranks_ok, run_ranks
+
+    model = load_job().build_model(0, dim=32, layers=1, heads=4)
+    # Rank 16: the positions (16 x 32) cost more as factors and go whole, the tokens (33 x 32) do not.
+    (out, _) = ranks_ok(run_ranks(1, lambda comm: DataParallel(model, comm, compress="powersgd:16")))
+    dp = out[0]
+    assert [n for n in dp.powersgd.names if n.startswith(("tokens", "positions"))] == ["tokens.weight"]
+    sent = dp.powersgd.wire_elements + sum(b.flat.numel() for b in dp.buckets)
+    assert powersgd_elements(model, 16) == sent < sum(p.numel() for p in model.parameters())

@@ -255,6 +255,10 @@ RUNS = {
     "mpi4-accum2-overlap": (_mpirun(4), 4, "mpi", SMALL + ["--accum-steps", 2, "--overlap"]),
     "gloo2-bf16": (_spmd(2), 2, "gloo", ["--compress", "bf16"]),
     "gloo2-resumed": (_spmd(2), 2, "gloo", ["--resume", "{out}/ck-3.pt"]),
+    "gloo2-powersgd": (_spmd(2), 2, "gloo", ["--compress", "powersgd:4", "--overlap", "--checkpoint",
+                                             "{out}/psgd-{{step}}.pt", "--checkpoint-every", 3]),
+    "gloo2-powersgd-resumed": (_spmd(2), 2, "gloo", ["--compress", "powersgd:4", "--overlap",
+                                                     "--resume", "{out}/psgd-3.pt"]),
 }
 
 
@@ -342,5 +346,21 @@ def test_checkpoints_are_atomic_and_resume_continues_identically(trained):
     assert state["step"] == 3 and state["optimizer_name"] == "sgd" and state["optimizer"]["state"]
     out, resumed, _ = trained("gloo2-resumed")
     assert "resuming at step 3" in out and "step     3/6" not in out
+    a, b = torch.load(full), torch.load(resumed)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.launcher
+@pytest.mark.timeout(400)
+def test_powersgd_job_resumes_identically_from_its_error_feedback(trained):
+    out, full, folder = trained("gloo2-powersgd")
+    assert "compress powersgd:4" in out and "checkpoint: step 3" in out
+    state = torch.load(folder / "psgd-3.pt")["data_parallel"]["powersgd"]
+    assert len(state["errors"]) == 2 and any(e.abs().max() > 0 for e in state["errors"][1].values())
+    _, serial, _ = trained("serial")
+    worst, rel = drift(full, serial)
+    assert rel > FP32_REL  # rank-4 factors, not the gradients themselves
+    out, resumed, _ = trained("gloo2-powersgd-resumed")
+    assert "resuming at step 3" in out
     a, b = torch.load(full), torch.load(resumed)
     assert all(torch.equal(a[k], b[k]) for k in a)

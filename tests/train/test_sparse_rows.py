@@ -1,4 +1,4 @@
-"""spmd.train.sparse_rows (DataParallel(sparse_rows=True)) and spmd.train.compress (per parameter), in-process.
+"""spmd.train.sparse_rows (DataParallel(sparse_rows=True)) and spmd.train.compress (per parameter, powersgd:R), in-process.
 
 Ranks are threads of this process (tests.support.run_ranks); each rank's
 batch touches different rows of the embedding.  Sparse rows must give the
@@ -15,7 +15,7 @@ from torch import nn
 
 from spmd.errors import DataParallelError
 from spmd.train.data_parallel import DataParallel
-from spmd.train.compress import describe, parse_compress
+from spmd.train.compress import check_compress, describe, parse_compress
 from tests.support import ranks_ok, run_ranks
 
 pytestmark = pytest.mark.unit
@@ -163,3 +163,17 @@ def test_the_command_line_form():
                        ("fp8", "compress must be one of")):
         with pytest.raises(DataParallelError, match=words):
             parse_compress(bad)
+
+
+def test_powersgd_and_its_rank():
+    assert parse_compress("powersgd") == "powersgd:4"  # the default rank
+    assert parse_compress("powersgd:8") == "powersgd:8" and check_compress("powersgd:02") == "powersgd:2"
+    assert parse_compress("encoder.*=powersgd:2,tokens.*=bf16") == {"encoder.*": "powersgd:2", "tokens.*": "bf16"}
+    assert check_compress({"head.*": "powersgd"}) == {"head.*": "powersgd:4"}
+    for bad in ("powersgd:0", "powersgd:-1", "powersgd:x", "powersgd:", "powersgd:1.5", "head.*=powersgd:0"):
+        with pytest.raises(DataParallelError, match=r"must be a positive integer, as in 'powersgd:4'"):
+            parse_compress(bad)
+    with pytest.raises(DataParallelError, match="'powersgd' or 'powersgd:R'"):  # the names say how to write it
+        parse_compress("power")
+    _, errors, _ = run_ranks(2, lambda comm: DataParallel(Tagger(), comm, compress="powersgd:0"))
+    assert all(isinstance(e, DataParallelError) and "positive integer" in str(e) for e in errors), errors
