@@ -11,7 +11,8 @@ SPMD_TIMEOUT=60, so that a job that ends soon after a fault was ended by the hea
 drawn (seeded) from KINDS:
 
 - ``success``: every launcher exits 0 and rank 0's CHECK is the expected sum;
-- ``lossy``: 3 % of one host's packets dropped each way while the job runs (lab.lose): as success;
+- ``lossy``: 3 % of one host's packets dropped each way while the job runs (lab.lose): as success, and
+  the host's firewall counted packets dropped both ways;
 - ``cut`` (the host's link down), ``drop`` (a silent partition between it and the job's other hosts),
   ``freeze`` (every process of it SIGSTOPped), ``kill`` (every process of it SIGKILLed, the launcher's
   proxy or agent included): the struck host is drawn among the job's hosts, rank 0's included, and
@@ -293,6 +294,8 @@ def _run(lab, job, watched, result):
         if not _done(watched):
             result.problems.append(f"a {job.kind} job still ran {SUCCESS_LIMIT} s after READY (started in "
                                    f"{ready - began:.0f} s)")
+        if job.kind == "lossy" and not all(dropped for _, dropped in lab.losses(job.struck).values()):
+            result.problems.append(f"{job.struck}'s link lost no packet one way: {lab.losses(job.struck)}")
         return
     time.sleep(job.delay)
     struck = time.monotonic()
