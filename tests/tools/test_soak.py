@@ -1,4 +1,4 @@
-"""The soak (tests/tools/soak.py) in small: 20 jobs, every kind under every launcher, some in pairs.
+"""The soak (tests/tools/soak.py) in small: 15 jobs, every kind under every launcher once, two pairs.
 
 Every job as promised, and nothing left: no process, port, unix socket, temporary file or
 /dev/shm segment (MPICH's, which a job that did not end in MPI_Finalize left behind until
@@ -15,7 +15,7 @@ from tests.tools import soak
 
 pytestmark = [pytest.mark.launcher]
 
-JOBS, SEED = 20, 7
+JOBS, SEED = 15, 7
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +31,7 @@ def soaked(tmp_path_factory):
 
 
 @pytest.mark.timeout(400)
-def test_a_soak_of_20_jobs_keeps_every_promise_and_leaves_nothing_behind(soaked):
+def test_a_soak_of_15_jobs_keeps_every_promise_and_leaves_nothing_behind(soaked):
     run, rows, _ = soaked
     out = run.stdout[-6000:] + run.stderr[-3000:]
     assert rows, f"no table (exit {run.returncode}):\n{out}"
