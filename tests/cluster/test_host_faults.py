@@ -159,11 +159,13 @@ def test_a_host_fault_during_init_ends_the_ranks_left_within_the_timeout(lab, la
                                                        ("mpiexec", "mpi", "cut"), ("mpiexec", "mpi", "kill")])
 def test_rank_0s_host_failing_ends_the_ranks_left_each_naming_it(lab, launcher, backend, fault):
     """h1 struck (ranks 0, 1 and, under torchrun, the store's agent): h2's ranks end within the bound, each
-    saying it lost rank 0 (on h1): once per rank left, as no rank speaks for the others once rank 0 is
-    gone.  Under mpiexec with every process of h1 killed, Hydra ends every rank at once (its status 255)."""
+    saying it lost rank 0 (on h1), once per rank left: no rank speaks for the others once rank 0 is gone.
+    Under mpiexec, Hydra ends h2's other rank as soon as the first ends (after a cut), or every rank at once
+    (every process of h1 killed, status 255), so one line, or none after the kill, may be all there is."""
     ended, out = _strike(lab, launcher, backend, fault, host="h1", launcher_wait=_wait(launcher))
     said = sorted((NO_RANK_0 if fault == "cut" else LOST_RANK_0).findall(out))
-    if launcher == "mpiexec" and fault == "kill":  # Hydra's end may come first: each rank says it once at most
-        assert set(said) <= {"2", "3"} and len(said) == len(set(said)), out[-4000:]
-    else:
+    assert set(said) <= {"2", "3"} and len(said) == len(set(said)), out[-4000:]  # once per rank at most
+    if launcher == "torchrun":
         assert said == ["2", "3"], out[-4000:]
+    elif fault == "cut":
+        assert said, out[-4000:]
