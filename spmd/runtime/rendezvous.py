@@ -19,6 +19,7 @@ interface, for holders of the job's secret (``spmd.runtime.secret``).
 import ipaddress
 import os
 import socket
+import sys
 import time
 import zlib
 from datetime import timedelta
@@ -270,8 +271,9 @@ def everywhere(exc, rank, said):
     return exc
 
 
-def said_over_store(store, rank, seconds=10.0):
-    """A said() for everywhere through a store: rank 0 sets a key, the others wait for it (bounded)."""
+def said_over_store(store, rank, seconds=10.0, unsaid=None):
+    """A said() for everywhere through a store: rank 0 sets a key, the others wait for it (bounded); a rank
+    that waited in vain calls unsaid() (it says the error itself: rank 0 did not)."""
     def said():
         if rank == 0:
             store.set("spmd/said", "1")
@@ -279,8 +281,14 @@ def said_over_store(store, rank, seconds=10.0):
         try:
             store.wait(["spmd/said"], timedelta(seconds=seconds))
         except Exception:  # noqa: BLE001 - rank 0 gone: end anyway
-            pass
+            if unsaid is not None:
+                unsaid()
     return said
+
+
+def _say(rank, exc):
+    sys.stderr.write(f"### spmd: rank {rank}: {type(exc).__name__}: {exc}\n")
+    sys.stderr.flush()
 
 
 def _resolves(addr):
@@ -377,8 +385,13 @@ def gloo_interface(placement, addr, environ, card=None, cards=None):
     return choice
 
 
+#: Seconds a rank that came waits for rank 0 to say who did not (await_peers).
+SAID_WITHIN = 10.0
+
+
 def await_peers(store, rank, size, timeout):
-    """Wait until every rank has joined the store, or say how many did."""
+    """Wait until every rank has joined the store, or say how many did and which did not: once, by rank 0,
+    when rank 0 came (everywhere: the others wait until it has said it); else by every rank that came."""
     import time
 
     store.set(f"spmd/arrived/{rank}", "1")
@@ -389,11 +402,14 @@ def await_peers(store, rank, size, timeout):
         if time.monotonic() > deadline:
             here = [r for r, k in enumerate(keys) if store.check([k])]
             missing = [r for r in range(size) if r not in here]
-            raise RendezvousError(
+            exc = RendezvousError(
                 f"only {len(here)} of {size} ranks arrived within {timeout:g} s; missing ranks "
                 f"{missing[:20]}{' ...' if len(missing) > 20 else ''}. Check that every rank was "
                 "started (launcher logs) and that its host reaches rank 0's (spmd doctor, launched the same "
                 "way, checks every pair of hosts), or raise SPMD_TIMEOUT"
             )
+            if 0 in here:  # rank 0 says it, unless the missing came before its own deadline
+                raise everywhere(exc, rank, said_over_store(store, rank, SAID_WITHIN, lambda: _say(rank, exc)))
+            raise exc
         time.sleep(pause)
         pause = min(pause * 2, 0.1)
