@@ -76,7 +76,13 @@ def exits(monkeypatch):
     from spmd.failfast.hub import base
 
     calls = queue.Queue()
-    monkeypatch.setattr(base, "exit_now", lambda code, message=None: calls.put((code, message)))
+
+    def exit_now(code, message=None, before=None):
+        if before is not None:
+            before()
+        calls.put((code, message))
+
+    monkeypatch.setattr(base, "exit_now", exit_now)
     return calls
 
 

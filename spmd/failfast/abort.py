@@ -62,13 +62,15 @@ def unregister():
     _world.update(rank=None, size=None, tell_others=(), relay=None)
 
 
-def exit_now(code, message=None):
-    """Print message (if any) and end this process at once, from any thread."""
+def exit_now(code, message=None, before=None):
+    """Print message (if any), call before() (if given), and end this process at once, from any thread."""
     if message:
         sys.stderr.write(message.rstrip("\n") + "\n")
     try:
         sys.stdout.flush()
         sys.stderr.flush()
+        if before is not None:
+            before()
     finally:
         os._exit(code)
 

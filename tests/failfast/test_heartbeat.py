@@ -110,3 +110,36 @@ def test_no_heartbeat_when_turned_off(exits):
             mute.recv(64)  # and nothing was sent
     finally:
         hub.close()
+
+
+def test_rank_0_says_why_it_ends_the_job_before_any_rank_hears_abort(monkeypatch):
+    """A launcher that ends every rank when the first exits (Hydra) cuts off what is still in a pipe: rank 0's
+    words must be written (and flushed) before the ABORT that ends the others goes out."""
+    from spmd.failfast.hub import base
+
+    said = []
+
+    def exit_now(code, message=None, before=None):
+        mute.settimeout(0.3)
+        try:
+            heard = mute.recv(65536)
+        except socket.timeout:
+            heard = b""
+        said.append((code, message, heard))  # what the silent rank had heard when the words were out
+        before()
+
+    monkeypatch.setattr(base, "exit_now", exit_now)
+    hub = _hub(0.2, size=2)
+    try:
+        mute = _greet(hub, 1, "h2")
+        deadline = time.monotonic() + 10
+        while not said and time.monotonic() < deadline:
+            time.sleep(0.05)
+        code, message, heard = said[0]
+        assert code == PEER_EXIT and message.startswith("### spmd: no word from h2 (rank 1)"), message
+        assert b"ABORT" not in heard, heard  # beats only, so far
+        mute.settimeout(5)
+        while b"ABORT\n" not in heard:
+            heard += mute.recv(4096)
+    finally:
+        hub.close()

@@ -111,9 +111,9 @@ class Hub:
         """Ask the hub which rank prints this digest in full (answered into _verdict); tell whether it was asked."""
         raise NotImplementedError
 
-    def _exit(self, code: int, message: str | None = None) -> None:
-        """End this process at once."""
-        exit_now(code, message)
+    def _exit(self, code: int, message: str | None = None, before: Callable[[], None] | None = None) -> None:
+        """End this process at once: message said first, then before() called."""
+        exit_now(code, message, before)
 
     def _end(self, code: int, message: str | None = None) -> None:
         """End this process, once its own report (if it is writing one) is written."""

@@ -229,8 +229,16 @@ class HubServer(AuthServer, Hub):
 
     def _abort_all(self, message: str | None) -> None:
         self._closing = self._aborted = True
-        self._peers.tell_all(messages.line(messages.ABORT))
-        self._end(PEER_EXIT, f"### spmd: {message}; ending the job" if message else None)
+        said = f"### spmd: {message}; ending the job" if message else None
+
+        def abort() -> None:
+            self._peers.tell_all(messages.line(messages.ABORT))
+
+        if self._reporting.is_set() and not self._printed.is_set():  # its report first, then these words
+            abort()
+            self._end(PEER_EXIT, said)
+        else:  # the words before any rank hears ABORT: a launcher that ends the job when the first rank
+            self._exit(PEER_EXIT, said, before=abort)  # exits (Hydra) would cut off output still in a pipe
 
     # -- rank 0's own calls, from any thread -----------------------------------------
 
