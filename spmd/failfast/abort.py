@@ -179,7 +179,7 @@ def abort_job(code=1, after=None):
 
 
 def report_everywhere(exc: BaseException) -> None:
-    """An error every rank met alike at init (marked by spmd.runtime.rendezvous.everywhere): rank 0
+    """An error every rank met alike at init (marked by spmd.runtime.said_once.everywhere): rank 0
     prints it at once, every rank waits until it has (so that no launcher ends rank 0 first), and each
     then raises it with ``said`` set: an uncaught one ends the process with status 1 and no second
     report (the excepthook set here; python -m spmd does the same)."""

@@ -138,13 +138,13 @@ def preflight(placement: Any, environ: Any, timeout: float) -> None:
             star.collect(None, timeout)  # every rank is done with the star before rank 0 closes it
             star.close()
     if error is not None:
-        from spmd.runtime.rendezvous import everywhere
+        from spmd.runtime.said_once import everywhere
 
         raise everywhere(error, placement.rank, _said_over(star, timeout))
 
 
 def _said_over(star: Star, timeout: float) -> Any:
-    """A said() for rendezvous.everywhere: rank 0 tells the others once it has spoken, then closes."""
+    """A said() for said_once.everywhere: rank 0 tells the others once it has spoken, then closes."""
     def said() -> None:
         try:
             star.share(True, timeout)
@@ -185,7 +185,7 @@ def before_mpi_init(placement: Any, environ: Any, seconds: float) -> bool:
     address (spmd.runtime.network.choose_server) and puts the table; each host's first rank connects to
     every other's; rank 0 reads the failures and puts its verdict.  Four of Hydra's barriers, the first
     bounded by seconds (every rank started), the others by PAIR_WITHIN more.  A broken pair, or a rank
-    that never came, is a RendezvousError said by rank 0 alone (rendezvous.everywhere)."""
+    that never came, is a RendezvousError said by rank 0 alone (said_once.everywhere)."""
     from spmd.runtime.pmi import hydra_pmi
 
     mpi = sys.modules.get("mpi4py.MPI")
@@ -207,7 +207,7 @@ def before_mpi_init(placement: Any, environ: Any, seconds: float) -> bool:
 
 def _over_pmi(pmi: Any, placement: Any, environ: Any, seconds: float) -> None:
     from spmd.runtime import network
-    from spmd.runtime.rendezvous import everywhere
+    from spmd.runtime.said_once import everywhere
 
     rank, size = placement.rank, placement.size
     card = network.local_card()
@@ -282,7 +282,7 @@ def _said_then_end_job(rank: int) -> Any:
     """A said() for a rank that never came: Hydra ends a job at a rank killed, not at one that exits, so
     rank 0, once it has spoken, ends itself by SIGKILL, and with it every rank, the late one included (as
     the watcher of a bounded MPI_Init does); the others wait for that."""
-    from spmd.runtime.rendezvous import QUIET_GRACE
+    from spmd.runtime.said_once import QUIET_GRACE
 
     def said() -> None:
         if rank == 0:
@@ -297,7 +297,7 @@ def _said_then_end_job(rank: int) -> Any:
 
 
 def _said_over_pmi(pmi: Any, seconds: float) -> Any:
-    """A said() for rendezvous.everywhere: rank 0 has spoken once every rank is past one more barrier."""
+    """A said() for said_once.everywhere: rank 0 has spoken once every rank is past one more barrier."""
     def said() -> None:
         try:
             pmi.barrier(seconds)

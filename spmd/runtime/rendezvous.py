@@ -19,18 +19,17 @@ interface, for holders of the job's secret (``spmd.runtime.secret``).
 import ipaddress
 import os
 import socket
-import sys
 import time
 import zlib
 from datetime import timedelta
 
 from spmd.errors import RendezvousError
 from spmd.runtime import secret as secrets
+from spmd.runtime.said_once import SAID_WITHIN, everywhere, said_by_rank_0, said_over_store, say_own
 from spmd.runtime.unreachable import (ANSWER_WITHIN, CERTAIN, CERTAIN_WITHIN, cannot_serve, probe_store, unreached,
                                       who_failed)
 
-__all__ = ["slurm_port", "check_address", "rendezvous", "await_peers", "bind_address", "gloo_interface",
-           "everywhere", "said_over_store", "said_by_rank_0"]
+__all__ = ["slurm_port", "check_address", "rendezvous", "await_peers", "bind_address", "gloo_interface"]
 
 PORT_BASE, PORT_SPAN = 20000, 10000
 
@@ -54,19 +53,7 @@ def check_address(addr, where="MASTER_ADDR"):
     return addr
 
 
-#: Seconds a rank other than 0 waits before it ends on an error every rank met alike where it has no
-#: channel to rank 0 (plain srun): rank 0 says it, and srun --kill-on-bad-exit must not end rank 0 first.
-QUIET_GRACE = 3.0
-
 _LOCALHOST = ("localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback")
-
-
-def said_by_rank_0(rank, seconds=QUIET_GRACE):
-    """A said() for everywhere without a channel between the ranks: the others give rank 0 seconds."""
-    def said():
-        if rank != 0:
-            time.sleep(seconds)
-    return said
 
 
 def _check_given(placement, addr, agent_store):
@@ -263,34 +250,6 @@ def _publish_over_mpi(placement, mpi_comm, timeout, environ, addr=None, port=Non
     return store, addr, port
 
 
-def everywhere(exc, rank, said):
-    """Mark exc as raised alike on every rank, so that rank 0 alone says it (spmd.failfast.abort's
-    report_everywhere): rank is this rank's; said(), called by every rank once rank 0 has written
-    it, returns when every rank may end (a barrier: no launcher then ends rank 0 before it spoke)."""
-    exc.everywhere = (rank, said)
-    return exc
-
-
-def said_over_store(store, rank, seconds=10.0, unsaid=None):
-    """A said() for everywhere through a store: rank 0 sets a key, the others wait for it (bounded); a rank
-    that waited in vain calls unsaid() (it says the error itself: rank 0 did not)."""
-    def said():
-        if rank == 0:
-            store.set("spmd/said", "1")
-            return
-        try:
-            store.wait(["spmd/said"], timedelta(seconds=seconds))
-        except Exception:  # noqa: BLE001 - rank 0 gone: end anyway
-            if unsaid is not None:
-                unsaid()
-    return said
-
-
-def _say(rank, exc):
-    sys.stderr.write(f"### spmd: rank {rank}: {type(exc).__name__}: {exc}\n")
-    sys.stderr.flush()
-
-
 def _resolves(addr):
     try:
         socket.getaddrinfo(addr, None)
@@ -385,15 +344,9 @@ def gloo_interface(placement, addr, environ, card=None, cards=None):
     return choice
 
 
-#: Seconds a rank that came waits for rank 0 to say who did not (await_peers).
-SAID_WITHIN = 10.0
-
-
 def await_peers(store, rank, size, timeout):
     """Wait until every rank has joined the store, or say how many did and which did not: once, by rank 0,
     when rank 0 came (everywhere: the others wait until it has said it); else by every rank that came."""
-    import time
-
     store.set(f"spmd/arrived/{rank}", "1")
     keys = [f"spmd/arrived/{r}" for r in range(size)]
     deadline = time.monotonic() + timeout
@@ -409,7 +362,7 @@ def await_peers(store, rank, size, timeout):
                 "way, checks every pair of hosts), or raise SPMD_TIMEOUT"
             )
             if 0 in here:  # rank 0 says it, unless the missing came before its own deadline
-                raise everywhere(exc, rank, said_over_store(store, rank, SAID_WITHIN, lambda: _say(rank, exc)))
+                raise everywhere(exc, rank, said_over_store(store, rank, SAID_WITHIN, lambda: say_own(rank, exc)))
             raise exc
         time.sleep(pause)
         pause = min(pause * 2, 0.1)

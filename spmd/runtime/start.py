@@ -21,7 +21,8 @@ from spmd.failfast import abort
 from spmd.runtime import backends, hints, mpiworld, network, output
 from spmd.runtime.pairs import before_mpi_init, check_pairs, preflight
 from spmd.runtime.star import StoreStar
-from spmd.runtime.rendezvous import everywhere, gloo_interface, said_over_store
+from spmd.runtime.rendezvous import gloo_interface
+from spmd.runtime.said_once import everywhere, said_over_store
 from spmd.failfast.abort import abort_job
 from spmd.errors import BackendError, RendezvousError, SettingsError, SpmdError
 from spmd.config.placement import detect, regroup

@@ -6,6 +6,7 @@ import socket
 import pytest
 
 from spmd.runtime.network import Address, HostCard
+from spmd.runtime import said_once
 from spmd.runtime.unreachable import cannot_serve, probe_store, unreached, who_failed
 from spmd.errors import RendezvousError
 
@@ -76,7 +77,7 @@ def test_a_setting_every_rank_meets_alike_fails_at_once_and_rank_0_says_it(monke
     assert all(w in str(caught.value) for w in words), str(caught.value)
     rank, said = caught.value.everywhere
     said()
-    assert rank == 5 and naps == [rendezvous.QUIET_GRACE]
+    assert rank == 5 and naps == [said_once.QUIET_GRACE]
 
 
 def test_nodes_named_by_loopback_addresses_are_one_machine_where_a_loopback_rendezvous_is_no_error(monkeypatch):
