@@ -33,7 +33,7 @@ DIED = re.compile(r"^### spmd: ranks? [23](, 3)? of 4 on h2 died without reporti
 #: What each rank left says when rank 0's host falls silent, or dies.
 NO_RANK_0 = re.compile(r"^### spmd: rank ([23]): no word from h1 \(rank 0\) for \d+ s \(no heartbeat: .*; ending$",
                        re.M)
-LOST_RANK_0 = re.compile(r"^### spmd: rank ([23]): lost rank 0 \(it died\); ending$", re.M)
+LOST_RANK_0 = re.compile(r"^### spmd: rank ([23]): lost rank 0 on h1 \(it died, or its host did\); ending$", re.M)
 #: init's timeout there, and its report: rank 0's, once, naming the ranks that never came.
 INIT_TIMEOUT = 6
 MISSING = re.compile(r"^### spmd: init failed on every rank \(RendezvousError\):\nonly 2 of 4 ranks arrived within "
