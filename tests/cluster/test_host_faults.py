@@ -78,9 +78,9 @@ def test_a_host_fault_under_mpiexec_ends_the_ranks_left_and_names_the_host(lab, 
     names h2 and its ranks.  Every process of h2 killed: Hydra sees its proxy's connection close and ends
     every rank at once (0.1 s), before the hub can speak: its words name no host, and spmd says nothing
     (or, if it is first, names h2).  After a cut or a freeze, Hydra's mpiexec on the login host goes on
-    waiting for h2's proxy: the test ends it after LAUNCHER_WAIT s (docs/reliability.md measures how long
+    waiting for h2's proxy: the test ends it after SHORT_WAIT s (docs/reliability.md measures how long
     it waited)."""
-    ended, out = _strike(lab, "mpiexec", "mpi", fault)
+    ended, out = _strike(lab, "mpiexec", "mpi", fault, launcher_wait=_wait("mpiexec"))
     if fault == "kill":
         assert all(DIED.fullmatch(line) for line in re.findall(r"^### spmd: .*; ending.*$", out, re.M)), out[-4000:]
         assert ended.ranks_end < 5, ended.ranks_end
