@@ -69,7 +69,7 @@ from pathlib import Path
 from tests.cluster.lab import SUBNET
 from tests.cluster.runs import MPIEXEC, PY, Watched, env
 from tests.support import REPO, hydra_files, marked
-from tests.tools.soak import listening, read_table, statuses, unix_sockets, walk
+from tests.tools.soak import listening, read_table, rounds, statuses, unix_sockets, walk
 
 __all__ = ["KINDS", "FAULTS", "LAUNCHERS", "CATEGORIES", "draw", "soak", "table", "read_table", "main"]
 
@@ -135,22 +135,10 @@ class Result:
 
 
 def draw(n, seed, hosts=("h1", "h2", "h3")):
-    """Return n jobs drawn with seed: every kind x launcher once per round of 18, in random order (a
-    partial round prefers kinds, then launchers, not drawn yet); each job's layout, struck host and
-    delay drawn too."""
+    """Return n jobs drawn with seed: every kind x launcher once per round of 18, in random order
+    (tests/tools/soak.py's ``rounds``); each job's layout, struck host and delay drawn too."""
     rng = random.Random(seed)
-    combos = [(k, launcher) for k in KINDS for launcher in LAUNCHERS]
-    picked = []
-    while len(picked) < n:
-        pool = combos[:]
-        rng.shuffle(pool)
-        take = []
-        while pool and len(picked) + len(take) < n:
-            kinds, launchers = {k for k, _ in take}, {la for _, la in take}
-            best = min(pool, key=lambda c: (c[0] in kinds, c[1] in launchers))
-            pool.remove(best)
-            take.append(best)
-        picked += take
+    picked = rounds(n, rng, KINDS, LAUNCHERS)
     jobs = []
     for i, (kind, launcher) in enumerate(picked):
         layout = rng.choice(LAYOUTS)

@@ -113,13 +113,20 @@ class Job:
 
 
 def draw(n, seed):
-    """Return n jobs drawn with seed: every kind x launcher once per round of 15, in random order.
+    """Return n jobs drawn with seed: every kind x launcher once per round of 15, in random order
+    (``rounds``)."""
+    picked = rounds(n, random.Random(seed), KINDS, tuple(LAUNCHERS))
+    return [Job(i + 1, k, launcher) for i, (k, launcher) in enumerate(picked)]
 
-    A partial round prefers kinds, then launchers, not drawn yet, so a draw of 5 has every
-    kind, one of 15 every pair, and any longer draw every pair about equally often.
+
+def rounds(n, rng, kinds, launchers):
+    """Return n (kind, launcher) pairs drawn with rng: every pair once per round, in random order.
+
+    A partial round prefers kinds, then launchers, not drawn yet, so a draw of as many as
+    there are kinds has every kind, a full round every pair, and any longer draw every pair
+    about equally often (tests/cluster/soak.py draws its jobs so too).
     """
-    rng = random.Random(seed)
-    combos = [(k, launcher) for k in KINDS for launcher in LAUNCHERS]
+    combos = [(k, launcher) for k in kinds for launcher in launchers]
     picked = []
     while len(picked) < n:
         pool = combos[:]
@@ -129,14 +136,14 @@ def draw(n, seed):
             continue
         round_ = []
         while len(picked) + len(round_) < n:
-            kinds = {k for k, _ in round_}
-            launchers = {launcher for _, launcher in round_}
-            best = min(pool, key=lambda c: (c[0] in kinds, c[1] in launchers))
+            kinds_in = {k for k, _ in round_}
+            launchers_in = {launcher for _, launcher in round_}
+            best = min(pool, key=lambda c: (c[0] in kinds_in, c[1] in launchers_in))
             pool.remove(best)
             round_.append(best)
         picked += round_
     rng.shuffle(picked)
-    return [Job(i + 1, k, launcher) for i, (k, launcher) in enumerate(picked)]
+    return picked
 
 
 def schedule(jobs, seed):
