@@ -54,7 +54,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Lab", "LabUnavailable", "SUBNET", "sweep"]
+__all__ = ["Lab", "LabUnavailable", "SUBNET", "sweep", "sweep_openmpi"]
 
 SUBNET = "198.18.0"  # 198.18.0.0/15: set aside for network benchmarks (RFC 2544), never a real network's
 DUMMY_ADDRESS = "198.19.255.1"
@@ -108,8 +108,30 @@ def _alive(pid):
     return True
 
 
+#: A file of Open MPI's daemon's session directory, /tmp/prted.<its pid>/: it names the prterun it served.
+_PRTERUN = re.compile(r"^pmix\.[^.]+\.tool\.prterun-[^-]+-(\d+)@")
+
+
+def sweep_openmpi():
+    """Remove the session directories (/tmp/prted.<pid>) of Open MPI daemons whose prterun is gone.
+
+    A prted killed with its host (kill_all) leaves its directory, named after its pid in its host's PID
+    namespace: a small number, reused by the next prted on any host of any lab, since the hosts share
+    /tmp.  A prted that finds its directory taken exits 213 ("A daemon failed to report back").  The
+    prterun runs on the login host, in this machine's PIDs, so whether it is alive can be told here."""
+    for folder in Path("/tmp").glob("prted.*"):
+        try:
+            served = [int(m[1]) for m in map(_PRTERUN.match, os.listdir(folder)) if m]
+        except OSError:
+            continue
+        if served and not any(_alive(pid) for pid in served):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
 def sweep():
-    """Remove every lab whose owner is gone: its namespaces, /etc/netns entries and state."""
+    """Remove every lab whose owner is gone: its namespaces, /etc/netns entries and state; and the
+    session directories of Open MPI's daemons that nothing serves (sweep_openmpi)."""
+    sweep_openmpi()
     names = _sh("ip", "netns", "list", check=False).split()
     for folder in (NETNS, STATE):
         if folder.is_dir():
@@ -371,7 +393,7 @@ class Lab:
 
     def reset(self):
         """Every host as at start: no process but its holder, its link up and uncapped, no firewall rule,
-        its own name resolving to its address."""
+        its own name resolving to its address; no session directory of a dead Open MPI daemon left."""
         for host in self.all_hosts():
             if host is not self.login:
                 self.kill_all(host.name)
@@ -382,6 +404,7 @@ class Lab:
             self.names(host.name)
         for host in sorted(self._isolated):
             self.unisolate(host)
+        sweep_openmpi()
 
     def kill_all(self, host, sig="KILL"):
         """Send sig to every process of host but its holder (as a dying host, sig KILL).  Not the login

@@ -1,14 +1,17 @@
 """The private cluster itself: it leaves nothing behind, even when its owner is killed; its link caps hold."""
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
+import uuid
+from pathlib import Path
 
 import pytest
 
-from tests.cluster.lab import NETNS, PREFIX, STATE, Lab
+from tests.cluster.lab import NETNS, PREFIX, STATE, Lab, sweep_openmpi
 from tests.support import REPO
 
 pytestmark = pytest.mark.cluster
@@ -57,3 +60,23 @@ def test_a_cap_holds_on_both_ends_of_a_hosts_link(lab):
     shown = subprocess.run(["tc", "-n", lab.host("h2").netns, "qdisc", "show", "dev", "eth0"],
                            capture_output=True, text=True).stdout
     assert "tbf" not in shown
+
+
+def test_open_mpis_session_directories_are_swept_once_their_prterun_is_gone(tmp_path):
+    """A prted killed with its host leaves /tmp/prted.<pid>; the next prted with that pid (the hosts' PIDs
+    are small, /tmp is shared) would exit 213.  sweep_openmpi removes it once its prterun is dead, and
+    leaves one whose prterun lives."""
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    made = {}
+    for name, pid in (("dead", dead.pid), ("live", os.getpid())):
+        folder = Path("/tmp") / f"prted.test-{uuid.uuid4().hex[:8]}"
+        (folder / "0").mkdir(parents=True)
+        (folder / f"pmix.h2.tool.prterun-login-{pid}@0").write_text("")
+        made[name] = folder
+    try:
+        sweep_openmpi()
+        assert not made["dead"].exists() and made["live"].exists()
+    finally:
+        for folder in made.values():
+            shutil.rmtree(folder, ignore_errors=True)
