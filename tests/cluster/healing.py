@@ -12,6 +12,7 @@ import os
 import re
 
 from spmd.pipeline.journal import journal_path
+from tests.cluster.host_faults import job_processes
 from tests.cluster.runs import PY, mpiexec
 from tests.support import REPO
 
@@ -54,5 +55,5 @@ def journaled(out, fraction=10):
 
 def no_job_left(lab, hosts, word):
     for host in hosts:
-        left = lab.run(host, ["ps", "-eo", "args"]).stdout
-        assert not [line for line in left.splitlines() if word in line or "torchrun" in line], (host, left)
+        left = job_processes(lab, host)  # whole command lines (ps -ww): a cut one could hide the word
+        assert not [line for line in left if word in line or "torchrun" in line], (host, left)

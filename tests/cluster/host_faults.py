@@ -41,7 +41,7 @@ from tests.cluster.runs import MPIEXEC, PY, Watched, env
 from tests.cluster.slurm import job_env
 from tests.support import REPO
 
-__all__ = ["strike", "Ended", "FAULTS", "PHASES", "HOSTS", "CELLS", "COMPUTE", "LAUNCHER_WAIT"]
+__all__ = ["job_processes", "strike", "Ended", "FAULTS", "PHASES", "HOSTS", "CELLS", "COMPUTE", "LAUNCHER_WAIT"]
 
 JOB = REPO / "tests" / "worlds" / "host_fault.py"
 TORCHRUN = str(REPO / ".venv" / "bin" / "torchrun")
@@ -90,7 +90,7 @@ class Ended:
         return [m.group(0).replace("\n", " ") for m in re.finditer(f"{ending}|{at_init}", self.output, re.M)]
 
 
-def _job_processes(lab, host):
+def job_processes(lab, host):
     """host's processes that are not the lab's: 'pid args' lines, whole (-ww: cut at ps's 80 columns, a rank's
     line lost the job's path where the checkout's path is longer, and the rank was not seen)."""
     out = lab.run(host, ["ps", "-ww", "-eo", "pid=,args="], timeout=20).stdout or ""
@@ -101,10 +101,10 @@ def _left(lab, host, seconds=3.0):
     """host's job processes that are still there seconds after the launcher ended (one caught exiting,
     '[python]' without its arguments, is not left)."""
     deadline = time.monotonic() + seconds
-    left = _job_processes(lab, host)
+    left = job_processes(lab, host)
     while left and time.monotonic() < deadline:
         time.sleep(0.2)
-        left = _job_processes(lab, host)
+        left = job_processes(lab, host)
     return left
 
 
@@ -187,7 +187,7 @@ def strike(lab, launcher, backend, fault, host="h2", phase="compute", port=29531
         _fault(lab, fault, host)
         while time.monotonic() - struck < limit:
             first.drain(0.3)
-            if ended.ranks_end is None and not _ranks(_job_processes(lab, left_host)):
+            if ended.ranks_end is None and not _ranks(job_processes(lab, left_host)):
                 ended.ranks_end = time.monotonic() - struck
             if _ended(first) and ended.launcher_end is None:
                 ended.launcher_end = time.monotonic() - struck

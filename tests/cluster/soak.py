@@ -66,7 +66,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.cluster.lab import SUBNET
+from tests.cluster.host_faults import job_processes
 from tests.cluster.runs import MPIEXEC, PY, Watched, env
 from tests.support import REPO, hydra_files, marked
 from tests.tools.soak import listening, read_table, rounds, statuses, unix_sockets, walk
@@ -94,7 +94,6 @@ TORCH_OWN = re.compile(r"/(torchelastic|torchinductor)_[^/]+")
 REPORT = re.compile(r"^### spmd: .*; ending(?: the job)?$", re.M)
 #: Hydra's own words when it ends the job because a proxy died (a kill: before spmd's heartbeat can speak).
 HYDRA_SAW = re.compile(r"BAD TERMINATION|control_cb .*assert \(!closed\) failed")
-_NOT_THE_JOB = re.compile(r"sleep infinity|pid=,args=|<defunct>")
 
 
 @dataclass(frozen=True)
@@ -185,13 +184,6 @@ def lab_snapshot(lab):
 
 def _strip_inode(item):
     return re.sub(r" \(inode \d+\)$", "", item)
-
-
-def job_processes(lab, host):
-    """host's processes that are not the lab's: 'pid args' lines (zombies, which the holder never reaps,
-    hold nothing and are not counted)."""
-    out = lab.run(host, ["ps", "-eo", "pid=,args="], timeout=20).stdout or ""
-    return [line.strip() for line in out.splitlines() if line.strip() and not _NOT_THE_JOB.search(line)]
 
 
 # -- one job -------------------------------------------------------------------------------
