@@ -17,7 +17,7 @@ __all__ = ["QUIET_GRACE", "SAID_WITHIN", "everywhere", "said_by_rank_0", "said_o
 #: channel to rank 0 (plain srun): rank 0 says it, and srun --kill-on-bad-exit must not end rank 0 first.
 QUIET_GRACE = 3.0
 
-#: Seconds a rank that came waits for rank 0 to say who did not (await_peers).
+#: Seconds a rank waits for rank 0 to say an error every rank met alike (await_peers' among them).
 SAID_WITHIN = 10.0
 
 
@@ -37,7 +37,7 @@ def everywhere(exc, rank, said):
     return exc
 
 
-def said_over_store(store, rank, seconds=10.0, unsaid=None):
+def said_over_store(store, rank, seconds=SAID_WITHIN, unsaid=None):
     """A said() for everywhere through a store: rank 0 sets a key, the others wait for it (bounded); a rank
     that waited in vain calls unsaid() (it says the error itself: rank 0 did not)."""
     def said():
