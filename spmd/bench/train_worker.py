@@ -19,7 +19,8 @@ from pathlib import Path
 
 JOB = Path(__file__).resolve().parents[2] / "jobs" / "train_dp.py"
 
-DEFAULTS = {"impl": "spmd", "overlap": False, "compress": None, "powersgd": None, "bucket_mb": None, "dim": 256, "layers": 4,
+DEFAULTS = {"impl": "spmd", "overlap": False, "compress": None, "powersgd": None, "ddp_hook": None,
+            "freeze_unused": False, "bucket_mb": None, "dim": 256, "layers": 4,
             "heads": 4, "global_batch": 64, "seed": 0, "warmup": 5, "steps": 30, "probe": True, "mode": "time",
             "vocab": None, "sparse_rows": False, "sparse_embedding": False, "optimizer": "adamw",
             "zipf": 0.0}
@@ -58,14 +59,17 @@ def _wrap(o, model, comm):
 
         if not dist.is_initialized():  # a world of one: spmd runs serial, DDP still wants a group
             dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-        # The pooler never gets a gradient (as in BERT): DDP must be told to look for such.
+        # The pooler never gets a gradient (as in BERT): DDP must be told to look for such,
+        # unless freeze_unused took it out of training.
         # torch's powerSGD_hook waits on futures inside its callbacks: with two DDP buckets on
         # gloo both of gloo's threads sat in those waits and the step never ended (seen here
         # at dim 256), so that case gets one bucket (an explicit cap sizes the first one too).
-        ddp = DistributedDataParallel(model, find_unused_parameters=True,
+        ddp = DistributedDataParallel(model, find_unused_parameters=not o["freeze_unused"],
                                       bucket_cap_mb=1024 if o["powersgd"] else None)
         if o["powersgd"]:
             return _ddp_powersgd(ddp, model, o["powersgd"], comm)
+        if o["ddp_hook"] is not None:
+            _ddp_hook(ddp, o["ddp_hook"])
         return (ddp, ddp.no_sync, None, lambda: {"backend": f"torch {dist.get_backend()}", "buckets": None},
                 lambda micro: ddp_wire_bytes(model, comm.size, micro[0].unique().numel()))
     from spmd.train.data_parallel import DataParallel
@@ -76,6 +80,25 @@ def _wrap(o, model, comm):
     return model, dp.no_sync, dp.synchronize, lambda: {
         "backend": comm.backend, "bucket_mb": dp.bucket_mb, "buckets": len(dp.buckets),
         "bucket_params": [len(b.params) for b in dp.buckets]}, lambda micro: spmd_wire_bytes(dp, comm.size)
+
+
+def _ddp_hook(ddp, name):
+    """Register torch's stateless hook name on ddp: "fp16" (fp16_compress_hook) or "bf16" (bf16_compress_hook)."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    hooks = {"fp16": default_hooks.fp16_compress_hook, "bf16": default_hooks.bf16_compress_hook}
+    if name not in hooks:
+        sys.exit(f"train_worker: ddp_hook must be one of {sorted(hooks)}, got {name!r}")
+    ddp.register_comm_hook(None, hooks[name])
+
+
+def _frozen_unused(model):
+    """Take the parameters the loss never reaches (the pooler) out of training; return their count."""
+    pooler = getattr(model, "pooler", None)
+    frozen = list(pooler.parameters()) if pooler is not None else []
+    for p in frozen:
+        p.requires_grad_(False)
+    return len(frozen)
 
 
 def _ddp_powersgd(ddp, model, rank, comm):
@@ -138,6 +161,8 @@ def run(o):
     threads = _threads(comm, torch)
     vocab = o["vocab"] or job.VOCAB
     model = job.build_model(o["seed"], o["dim"], o["layers"], o["heads"], vocab=vocab, sparse=o["sparse_embedding"])
+    if o["freeze_unused"]:
+        _frozen_unused(model)
     net, no_sync, synchronize, describe, wire = _wrap(o, model, comm)
     wire_bytes = []
     optimizer = job.make_optimizer(model, o["optimizer"])
