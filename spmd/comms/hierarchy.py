@@ -1,24 +1,10 @@
 """All_reduce by host: within each host first, across hosts once per host, then back within the host.
 
-A flat ring all_reduce of S bytes sends 2 (n - 1) / n x S out of a host that
-holds ranks next to the ring's crossing; with the ranks of each host reduced
-to one leader first, only the leaders all_reduce across hosts, and the bytes
-out of each host are those of an all_reduce among hosts (S with two hosts,
-two thirds of the flat ring's 1.5 S at 2 x 2; docs/performance.md,
-"Hierarchy across hosts").
-
-:class:`Hosts` says which ranks share a host (pure); :func:`wanted` and
-:func:`takes` decide when (pure); :class:`Hierarchy` is one world's host
-grouping, built once, lazily, by every rank together inside the first
-all_reduce that takes it: every rank's host gathered, then two splits of
-the backend (the ranks of each host; the leaders, one per host).  Its
-three stages call the sub-backends' hooks, not their communicators'
-methods, so they run as part of the one all_reduce call its communicator
-numbered: a timeout or a lost peer is reported under that call.  The stages
-run in order in one thread of their own, the async form's too, so a
-handle's work proceeds while the program computes and every rank meets the
-sub-communicators' calls in the same order.  docs/comms.md, "Hierarchy
-across hosts".
+:class:`Hosts` says which ranks share a host (pure); :func:`wanted` and :func:`takes` decide when
+(pure); :class:`Hierarchy` is one world's host grouping, built once, lazily, by every rank together
+inside the first all_reduce that takes it, and its three steps: the sub-backends' hooks, run in one
+thread of their own, as part of the one all_reduce call the world numbered.  Why, when and what it
+saves: docs/comms.md and docs/performance.md, "Hierarchy across hosts".
 """
 
 from __future__ import annotations

@@ -82,6 +82,7 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--cap", type=int, default=200, help="Mbit/s of each host's link in the capped launch")
     parser.add_argument("--backend", default="gloo", choices=("gloo", "mpi"))
+    parser.add_argument("--only", choices=tuple(SIZES), help="one launch only")
     parser.add_argument("--world", nargs="*", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.world is not None:
@@ -91,7 +92,7 @@ def main(argv=None):
 
     lab = Lab.start(hosts=2, dummy=False)
     try:
-        for mode in ("uncapped", "capped"):
+        for mode in (args.only,) if args.only else tuple(SIZES):
             if mode == "capped":
                 for host in ("h1", "h2"):
                     lab.cap(host, args.cap)
@@ -100,7 +101,7 @@ def main(argv=None):
             out = mpiexec(lab, cmd, ["h1", "h2"], timeout=540, SPMD_BACKEND=args.backend, SPMD_HIERARCHY="on")
             line = [x for x in out.stdout.splitlines() if x.startswith("RESULT ")]
             if out.returncode or not line:
-                sys.exit(f"the {mode} launch failed:\n{out.stdout[-4000:]}")
+                sys.exit(f"the {mode} launch failed (exit status {out.returncode}):\n{out.stdout[-4000:]}")
             cap = f", links capped at {args.cap} Mbit/s" if mode == "capped" else ""
             table(f"{args.backend}, 2 hosts x 2 ranks{cap}: medians of {args.rounds} interleaved rounds",
                   json.loads(line[0][len("RESULT "):]))
