@@ -6,7 +6,8 @@ Checks, on every rank: the world groups its ranks by host at its first large all
 and 2, 3); the hierarchy's results equal the flat path's (a split of the whole world: flat, as every
 sub-communicator is) bit for bit for int32 and int64 sum, max and min below, at and above
 MIN_BYTES, and within rounding for float32 and float64 sums and avg; numpy and torch; the async form
-(its work goes on while this rank computes); a list of arrays; chunk_bytes.  Then, with --bytes,
+(its work goes on while this rank computes); a list of arrays; chunk_bytes; DataParallel's buckets,
+blocking and overlapped.  Then, with --bytes,
 the bytes out of this host's eth0 per 32 MiB all_reduce, spmd's (by host) against raw
 torch.distributed.all_reduce on the same ranks (median of 3 each, interleaved); rank 0 prints
 ``BYTES {"hier": ..., "raw": ...}`` and every rank asserts hier <= 0.75 raw.  --fake-hosts makes
@@ -112,6 +113,28 @@ y = x.copy()
 comm.all_reduce(x, chunk_bytes=2 * MIN)
 flat.all_reduce(y)
 assert (x == y).all()
+
+# DataParallel's buckets (2 MiB each), blocking and overlapped with backward: the world's (by host)
+# gradients equal a flat communicator's within rounding
+from spmd.train.data_parallel import DataParallel  # noqa: E402
+
+ran = []
+run = comm._hierarchy._run
+comm._hierarchy._run = lambda x, op: (ran.append(op), run(x, op))
+for overlap in (False, True):
+    del ran[:]
+    grads = []
+    for c in (comm, flat):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.Linear(1024, 512))
+        dp = DataParallel(model, c, bucket_mb=2, overlap=overlap)
+        torch.manual_seed(1 + comm.rank)
+        dp.backward(dp(torch.randn(8, 512)).square().sum())
+        grads.append([p.grad.clone() for p in model.parameters()])
+        dp.close()
+    assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(*grads)), f"overlap={overlap}"
+    assert len(ran) >= 2, f"overlap={overlap}: {len(ran)} buckets went by host"  # 4.2 MB in 2 MiB buckets
+comm._hierarchy._run = run
 
 if "--bytes" in sys.argv:
     def out_bytes():
