@@ -23,6 +23,7 @@ from spmd.comms.api.exchanges import Exchanges
 from spmd.comms.arrays import check_array, dtype_name
 from spmd.comms.contract import Backend
 from spmd.comms.handle import Done, Handle
+from spmd.comms.hierarchy import Hierarchy, wanted
 from spmd.comms.p2p.incoming import receive_buffers
 from spmd.comms.p2p.methods import PointToPoint
 from spmd.comms.policy import CONVERTED, converted
@@ -64,7 +65,8 @@ class Comm(Collectives, Exchanges, PointToPoint):
     #: The launcher that started the world ("mpirun", "torchrun", "slurm", ..., "none").
     launcher: str
 
-    def __init__(self, backend: Backend, placement: Placement | None = None, monitor: Monitor | None = None) -> None:
+    def __init__(self, backend: Backend, placement: Placement | None = None, monitor: Monitor | None = None,
+                 hierarchy: str | None = None) -> None:
         #: The transport: every hook a call ends in (spmd.comms.contract).
         self._backend = backend
         self._mon = monitor if monitor is not None else Monitor()
@@ -89,6 +91,15 @@ class Comm(Collectives, Exchanges, PointToPoint):
         # receive's header (and inline data) lands, one receive at a time.
         self._incoming: list[Any] = []
         self._recv_header, self._recv_row, self._recv_tail = receive_buffers(self)
+        # Large all_reduces by host (spmd.comms.hierarchy): hierarchy is SPMD_HIERARCHY's value, None: read it.
+        if hierarchy is None:
+            import os
+
+            from spmd.config.settings import parse_hierarchy
+
+            hierarchy = parse_hierarchy(os.environ)
+        go = wanted(hierarchy, self.backend, self.size, self._mon.world, p.num_nodes if p else None)
+        self._hierarchy = Hierarchy(backend, placement) if go else None
 
     def __repr__(self) -> str:
         return f"<Comm rank {self.rank} of {self.size}, backend {self.backend}>"
@@ -227,7 +238,7 @@ class Comm(Collectives, Exchanges, PointToPoint):
         key = self.rank if key is None else key
         self._mon.dirty = True  # a group now hangs off this communicator
         backend = self._call(self._backend.split, (color, key), "split")
-        return None if backend is None else Comm(backend, self.placement, self._mon.child())
+        return None if backend is None else Comm(backend, self.placement, self._mon.child(), "off")
 
     def free(self) -> None:
         """Release a communicator that split made, as MPI_Comm_free: its ranks call it together.
@@ -244,4 +255,6 @@ class Comm(Collectives, Exchanges, PointToPoint):
 
     def _close(self):
         """Release what the backend holds (the runtime's finalize)."""
+        if self._hierarchy is not None:
+            self._hierarchy.close()
         self._backend.close()

@@ -33,6 +33,8 @@ __all__ = [
     "parse_preempt_signal",
     "parse_torch_group",
     "parse_tag_output",
+    "parse_hierarchy",
+    "HIERARCHY",
     "parse_max_restarts",
 ]
 
@@ -42,6 +44,10 @@ BACKENDS = ("auto", "gloo", "nccl", "mpi")
 DEFAULT_TIMEOUT = 1800.0
 #: Seconds between the fail-fast hub's heartbeats; a side silent for 5 of them (10 s) is declared lost.
 DEFAULT_HEARTBEAT = 2.0
+
+#: SPMD_HIERARCHY's values: reduce within each host first where it helps (auto), for every backend
+#: that can (on), never (off).  spmd.comms.hierarchy says which backends and arrays.
+HIERARCHY = ("auto", "on", "off")
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("", "0", "false", "no", "off")
@@ -80,6 +86,8 @@ class Settings:
     preflight: Optional[bool] = None
     """Connect every pair of hosts before the backend starts, MPI_Init included (SPMD_PREFLIGHT=1); None
     (unset): only before MPICH's MPI_Init under Hydra across hosts, over its key-value space; False: never."""
+    hierarchy: str = "auto"
+    """Large all_reduces of a world across hosts go within each host first (SPMD_HIERARCHY), one of HIERARCHY."""
 
     @classmethod
     def parse(cls, environ: Mapping[str, str], backend=None, timeout=None, debug=None,
@@ -100,6 +108,7 @@ class Settings:
             preflight=_parse_flag(environ, "SPMD_PREFLIGHT", None) if environ.get("SPMD_PREFLIGHT", "").strip()
             else None,
             heartbeat=parse_heartbeat(environ),
+            hierarchy=parse_hierarchy(environ),
         )
 
 
@@ -118,6 +127,7 @@ VARIABLES = {
     "hints": "SPMD_HINTS",
     "preflight": "SPMD_PREFLIGHT",
     "heartbeat": "SPMD_HEARTBEAT",
+    "hierarchy": "SPMD_HIERARCHY",
 }
 
 
@@ -207,6 +217,23 @@ def parse_torch_group(environ: Mapping[str, str], torch_group=None) -> Optional[
         f"{shown} is not auto, on or off: use auto (or nothing) to start torch.distributed's "
         "group beside MPI when torch is imported, 1, true, yes or on to always start it, "
         "0, false, no or off to never start it"
+    )
+
+
+def parse_hierarchy(environ: Mapping[str, str]) -> str:
+    """Return SPMD_HIERARCHY as one of HIERARCHY ("auto" when unset or blank)."""
+    value = environ.get("SPMD_HIERARCHY", "")
+    text = value.strip().lower() or "auto"
+    if text in HIERARCHY:
+        return text
+    if text in _TRUE:
+        return "on"
+    if text in _FALSE:
+        return "off"
+    raise SettingsError(
+        f"SPMD_HIERARCHY={value!r} is not auto, on or off: use auto (or nothing) to reduce large "
+        "all_reduces within each host first where the backend gains by it, on to do so on every backend "
+        "that can, off to keep every all_reduce flat"
     )
 
 

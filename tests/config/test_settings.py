@@ -72,6 +72,11 @@ def test_every_field_has_its_variable():
     ({"SPMD_TORCH_GROUP": "off"}, "torch_group", False),
     ({"SPMD_TAG_OUTPUT": "1"}, "tag_output", True),
     ({"SPMD_TAG_OUTPUT": "off"}, "tag_output", False),
+    ({"SPMD_HIERARCHY": " Auto "}, "hierarchy", "auto"),
+    ({"SPMD_HIERARCHY": "on"}, "hierarchy", "on"),
+    ({"SPMD_HIERARCHY": "1"}, "hierarchy", "on"),
+    ({"SPMD_HIERARCHY": "off"}, "hierarchy", "off"),
+    ({"SPMD_HIERARCHY": "no"}, "hierarchy", "off"),
 ])
 def test_good_values(env, field, value):
     assert getattr(Settings.parse(env), field) == value
@@ -96,6 +101,7 @@ def test_good_values(env, field, value):
                                     "1, true, yes or on", "0, false, no or off"]),
     ({"SPMD_TORCH_GROUP": "2"}, ["SPMD_TORCH_GROUP='2'", "not auto, on or off"]),
     ({"SPMD_TAG_OUTPUT": "rank"}, ["SPMD_TAG_OUTPUT='rank'", "1, true, yes or on", "0, false, no, off"]),
+    ({"SPMD_HIERARCHY": "hosts"}, ["SPMD_HIERARCHY='hosts'", "not auto, on or off", "off to keep"]),
 ])
 def test_bad_values_name_variable_value_and_what_is_allowed(env, words):
     with pytest.raises(SettingsError) as caught:

@@ -13,6 +13,7 @@ from spmd.errors import CollectiveError
 from spmd.comms.state import meta
 from spmd.comms.arrays import check_array, check_op, split_sizes
 from spmd.comms.handle import Done
+from spmd.comms.hierarchy import takes
 from spmd.comms.state.meta import Layout
 
 if TYPE_CHECKING:
@@ -87,8 +88,15 @@ class Collectives:
         x may be a list of arrays: they are reduced as one flat buffer per
         dtype, one call instead of one per array.  With ``chunk_bytes`` a
         large x is reduced in pieces of at most that size (blocking), so
-        the backend's scratch memory stays bounded.
+        the backend's scratch memory stays bounded.  On a world across
+        hosts, a large array is reduced within each host first, across
+        hosts once per host, then handed back within the host
+        (``SPMD_HIERARCHY``; docs/comms.md, "Hierarchy across hosts").
         """
+        hier = self._hierarchy
+        if hier is not None and chunk_bytes is None and not hier.flat and takes(x):
+            op = check_op(op, self._array(x))
+            return self._call(hier.all_reduce, (x, op, async_op), "all_reduce", x, None, op, async_op)
         if not async_op and chunk_bytes is None and not self._mon.active:
             go = self._backend.direct_all_reduce(x, op)
             if go is not None:
