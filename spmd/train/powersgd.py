@@ -93,6 +93,13 @@ class PowerSGD:
     def _draw(self, m: int, rank: int, dtype: torch.dtype) -> torch.Tensor:
         return torch.randn(m, rank, generator=self.generator, dtype=dtype)
 
+    def adopt(self, other: PowerSGD) -> None:
+        """Take other's E and Q of the matrices both compress alike (compress="auto" rebuilds around them)."""
+        mine = {(n, r): i for i, (n, r) in enumerate(zip(self.names, self.ranks))}
+        for j, key in enumerate(zip(other.names, other.ranks)):
+            if key in mine:
+                self.errors[mine[key]], self.qs[mine[key]] = other.errors[j], other.qs[j]
+
     @property
     def wire_elements(self) -> int:
         """Elements one rank all_reduces in a step where every matrix got a gradient: the P's and the Q's."""
