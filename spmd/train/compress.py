@@ -29,7 +29,7 @@ __all__ = ["Compress", "POWERSGD", "check_compress", "powersgd_rank", "dtype_nam
 #: What ``compress`` accepts: one dtype name for every gradient, or patterns -> names.
 Compress = Union[str, None, Mapping[str, Union[str, None]]]
 
-_NAMES = "None, 'none', 'fp16', 'bf16', 'powersgd', 'powersgd:R' (R a positive integer) or 'auto'"
+_NAMES = "None, 'none', 'fp16', 'bf16', 'auto', 'powersgd' or 'powersgd:R' (R a positive integer)"
 
 #: The name of PowerSGD in compress: "powersgd" or "powersgd:R".
 POWERSGD = "powersgd"
