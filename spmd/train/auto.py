@@ -14,7 +14,6 @@ says once.  docs/training.md gives the rule and the measurements.
 
 from __future__ import annotations
 
-import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -48,7 +47,8 @@ FORMS = (None, "bf16", POWERSGD_FORM)
 #: Elements of the large probe all_reduce, at most (32 MB in float32), and of the small one.
 _LARGE = 8 << 20
 _SMALL = 256
-_REPEATS = 3
+_LARGE_AT_LEAST = 256 << 10  # 1 MB: the time per byte above the noise of the latency
+_REPEATS = 5
 
 
 @dataclass(frozen=True)
@@ -112,14 +112,14 @@ def choose(link: Link, costs: Costs, candidates: list[Candidate], margin: float 
 
 
 def _timed(fn, repeats=_REPEATS) -> float:
-    """Median seconds of fn() over repeats, after one untimed call."""
+    """The least seconds of fn() over repeats, after one untimed call (the least: others' load on shared cores is noise)."""
     fn()
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return min(times)
 
 
 def _powersgd_seconds(p: torch.Tensor, rank: int) -> float:
@@ -143,7 +143,7 @@ def measure(comm: Comm, named: list[tuple[str, torch.nn.Parameter]]) -> tuple[Li
     named: the gradients auto chooses for, alike on every rank.
     """
     total = sum(p.numel() for _, p in named)
-    large = torch.zeros(max(_SMALL * 4, min(total, _LARGE)))
+    large = torch.zeros(max(_LARGE_AT_LEAST, min(total, _LARGE)))
     small = torch.zeros(_SMALL)
     t_small = _timed(lambda: comm.all_reduce(small))
     t_large = _timed(lambda: comm.all_reduce(large))
@@ -170,9 +170,10 @@ def summary(choice: dict[str, str | None], numel: dict[str, int], link: Link, pl
             mb = sum(numel[n] for n in names) * 4 / 2**20
             some = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
             parts.append(f"{form or 'none'} for {len(names)} ({mb:.3g} MB: {some})")
-    return (f"spmd: DataParallel compress='auto' chose {'; '.join(parts)}; measured link "
-            f"{link.latency_s * 1e3:.2f} ms + {link.mb_per_s:.0f} MB/s per all_reduce: about "
-            f"{plain_s * 1e3:.1f} ms of communication a step uncompressed, {chosen_s * 1e3:.1f} ms so")
+    speed = (f"{link.mb_per_s:.0f} MB/s" if link.s_per_byte > 0 else "bytes too fast to time")
+    return (f"spmd: DataParallel compress='auto' chose {'; '.join(parts)}; measured all_reduce "
+            f"{link.latency_s * 1e3:.2f} ms + {speed}: about {plain_s * 1e3:.1f} ms of communication a step "
+            f"uncompressed, {chosen_s * 1e3:.1f} ms as chosen")
 
 
 def say(rank: int, line: str) -> None:
