@@ -62,7 +62,12 @@ def _wrap(o, model, comm):
         # torch's powerSGD_hook waits on futures inside its callbacks: with two DDP buckets on
         # gloo both of gloo's threads sat in those waits and the step never ended (seen here
         # at dim 256), so that case gets one bucket (an explicit cap sizes the first one too).
-        ddp = DistributedDataParallel(model, find_unused_parameters=True,
+        # With find_unused_parameters DDP's all_reduce of its used map raced the hook's collectives
+        # on gloo (torch 2.13: "Received data size doesn't match expected size", at every model
+        # size tried): that case freezes the pooler instead, which gets no gradient either way.
+        if o["powersgd"]:
+            model.pooler.requires_grad_(False)
+        ddp = DistributedDataParallel(model, find_unused_parameters=not o["powersgd"],
                                       bucket_cap_mb=1024 if o["powersgd"] else None)
         if o["powersgd"]:
             return _ddp_powersgd(ddp, model, o["powersgd"], comm)
