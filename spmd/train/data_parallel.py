@@ -70,18 +70,25 @@ class DataParallel:
         gathered and summed in rank order, instead of the whole matrix
         (spmd.train.sparse_rows; dense for a step where the rows would cost more).
     accum_steps: micro-batches per optimizer step (see ``backward``).
+    powersgd_start: optimizer steps whose PowerSGD matrices are averaged
+        whole before compression begins (default 0; torch's hook's
+        ``start_powerSGD_iter``); compress="auto" measures 3 steps
+        uncompressed first anyway (spmd.train.auto).
     root: the rank whose parameters every rank starts from, and whose
         backward order the buckets follow with overlap.
     """
 
     def __init__(self, model: torch.nn.Module, comm: Comm | None = None, *, bucket_mb: float | None = None,
                  overlap: bool = False, compress: Compress = None, accum_steps: int = 1,
-                 root: int = 0, sparse_rows: bool = False) -> None:
+                 root: int = 0, sparse_rows: bool = False, powersgd_start: int = 0) -> None:
         if bucket_mb is not None and (isinstance(bucket_mb, bool) or not isinstance(bucket_mb, (int, float))
                                       or not bucket_mb > 0):
             raise DataParallelError(f"bucket_mb must be a positive number (or None), got {bucket_mb!r}")
         if isinstance(accum_steps, bool) or not isinstance(accum_steps, int) or accum_steps < 1:
             raise DataParallelError(f"accum_steps must be an integer >= 1, got {accum_steps!r}")
+        if isinstance(powersgd_start, bool) or not isinstance(powersgd_start, int) or powersgd_start < 0:
+            raise DataParallelError(f"powersgd_start must be an integer >= 0, got {powersgd_start!r}")
+        self.powersgd_start = powersgd_start
         self.module = model
         self.comm = default_comm(comm)
         self.overlap = bool(overlap)
@@ -138,7 +145,8 @@ class DataParallel:
         """The matrices whose compress is powersgd:R and that cost less as factors; the rest go in buckets."""
         named = [(n, p, powersgd_rank(dtypes[id(p)])) for n, p in self.module.named_parameters()
                  if p.requires_grad and id(p) not in as_rows]
-        return PowerSGD(self.comm, [(n, p, r) for n, p, r in named if r and compressible(p, r)], self.accum_steps)
+        return PowerSGD(self.comm, [(n, p, r) for n, p, r in named if r and compressible(p, r)], self.accum_steps,
+                        start=self.powersgd_start)
 
     @property
     def powersgd(self) -> PowerSGD:

@@ -75,12 +75,16 @@ class PowerSGD:
     comm: the communicator; named: (name, parameter, R) of each matrix to
     compress (:func:`compressible` ones), in the same order on every rank;
     accum_steps: what the local gradient is divided by first; seed: of the
-    first Q's.  State: E (``errors``) and Q (``qs``) per parameter.
+    first Q's; start: steps averaged whole before compression begins (the
+    warm-up of torch's ``start_powerSGD_iter``).  State: E (``errors``) and
+    Q (``qs``) per parameter, and the steps done (``step``).
     """
 
     def __init__(self, comm: Comm, named: list[tuple[str, torch.nn.Parameter, int]], accum_steps: int = 1,
-                 seed: int = SEED) -> None:
+                 seed: int = SEED, start: int = 0) -> None:
         self.comm = comm
+        self.start = start
+        self.step = 0
         self.names = [n for n, _, _ in named]
         self.params = [p for _, p, _ in named]
         self.ranks = [r for _, _, r in named]
@@ -99,6 +103,7 @@ class PowerSGD:
         for j, key in enumerate(zip(other.names, other.ranks)):
             if key in mine:
                 self.errors[mine[key]], self.qs[mine[key]] = other.errors[j], other.qs[j]
+        self.step = other.step
 
     @property
     def wire_elements(self) -> int:
@@ -113,7 +118,11 @@ class PowerSGD:
         A rank without a gradient for a used one sends zeros (plus its E).
         """
         todo = [i for i, p in enumerate(self.params) if used[id(p)]]
+        self.step += 1
         if not todo:
+            return
+        if self.step <= self.start:
+            self._average_whole(todo)
             return
         with torch.no_grad():
             ms = {i: self._local(i) for i in todo}
@@ -123,6 +132,27 @@ class PowerSGD:
             qs = self._all_reduce_mean([ms[i].T @ p for i, p in zip(todo, ps)])
             for i, p, q in zip(todo, ps, qs):
                 self._finish(i, ms[i], p, q)
+
+    def _average_whole(self, todo: list[int]) -> None:
+        """A warm-up step: average the gradients of todo uncompressed, in one all_reduce; E stays zero."""
+        with torch.no_grad():
+            grads = []
+            for i in todo:
+                g = self.params[i].grad
+                if g is not None and g.is_sparse:
+                    self._local(i)  # raises, naming the fix
+                grads.append(torch.zeros(self.shapes[i], dtype=self.params[i].dtype) if g is None else g)
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            if self.comm.size > 1:
+                self.comm.all_reduce(flat)
+            flat.div_(self.comm.size * self.accum_steps)
+            offset = 0
+            for i in todo:
+                param, n = self.params[i], self.params[i].numel()
+                if param.grad is None:
+                    param.grad = torch.empty_like(param)
+                param.grad.copy_(flat[offset : offset + n].view_as(param))
+                offset += n
 
     def _local(self, i: int) -> torch.Tensor:
         """M: this rank's gradient (a mean over its micro-batches) plus its error, as n x m, made in E's place."""
@@ -169,7 +199,7 @@ class PowerSGD:
         """Q's and the generator (the same on every rank) and every rank's E, gathered: a collective."""
         errors = self.comm.all_gather_object({n: e for n, e in zip(self.names, self.errors)})
         return {"names": list(self.names), "ranks": list(self.ranks), "qs": dict(zip(self.names, self.qs)),
-                "errors": errors, "generator": self.generator.get_state()}
+                "errors": errors, "generator": self.generator.get_state(), "step": self.step}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Take Q's, the generator and this rank's E from state_dict()'s output (the same world size)."""
@@ -187,3 +217,4 @@ class PowerSGD:
         self.errors = [mine[n].clone() for n in self.names]
         self.qs = [state["qs"][n].clone() for n in self.names]
         self.generator.set_state(state["generator"])
+        self.step = state.get("step", self.start)  # written before steps were counted: past any warm-up
