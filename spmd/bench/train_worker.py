@@ -19,7 +19,7 @@ from pathlib import Path
 
 JOB = Path(__file__).resolve().parents[2] / "jobs" / "train_dp.py"
 
-DEFAULTS = {"impl": "spmd", "overlap": False, "compress": None, "powersgd": None, "bucket_mb": None, "dim": 256, "layers": 4,
+DEFAULTS = {"impl": "spmd", "overlap": False, "compress": None, "powersgd": None, "powersgd_start": 0, "bucket_mb": None, "dim": 256, "layers": 4,
             "heads": 4, "global_batch": 64, "seed": 0, "warmup": 5, "steps": 30, "probe": True, "mode": "time",
             "vocab": None, "sparse_rows": False, "sparse_embedding": False, "optimizer": "adamw",
             "zipf": 0.0}
@@ -76,7 +76,7 @@ def _wrap(o, model, comm):
     from spmd.train.data_parallel import DataParallel
 
     dp = DataParallel(model, bucket_mb=o["bucket_mb"], overlap=o["overlap"], compress=o["compress"],
-                      sparse_rows=o["sparse_rows"])
+                      sparse_rows=o["sparse_rows"], powersgd_start=o["powersgd_start"])
     # Read at the end: with overlap the buckets are rebuilt after the first step.
     return model, dp.no_sync, dp.synchronize, lambda: {
         "backend": comm.backend, "bucket_mb": dp.bucket_mb, "buckets": len(dp.buckets),
