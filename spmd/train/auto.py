@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from spmd.train.powersgd import DEFAULT_RANK, compressible, orthonormalize
+from spmd.train.powersgd import DEFAULT_RANK, compressible, orthonormalize, times_q, transposed_times_p
 
 if TYPE_CHECKING:
     from spmd.comms.comm import Comm
@@ -130,8 +130,8 @@ def _powersgd_seconds(p: torch.Tensor, rank: int) -> float:
 
     def work():
         m.add_(g.reshape(m.shape), alpha=1.0)
-        pp = orthonormalize(m @ q)
-        qq = m.T @ pp
+        pp = orthonormalize(times_q(m, q))
+        qq = transposed_times_p(m, pp)
         m.sub_(pp @ qq.T)
 
     return _timed(work, 2)
