@@ -44,8 +44,8 @@ MIN_GAIN_S = 0.002
 POWERSGD_FORM = f"powersgd:{DEFAULT_RANK}"
 FORMS = (None, "bf16", POWERSGD_FORM)
 
-#: Elements of the large probe all_reduce, at most (32 MB in float32), and of the small one.
-_LARGE = 8 << 20
+#: Elements of the large probe all_reduce, at most (4 MB in float32: 0.2 s at 200 Mbit/s), and of the small one.
+_LARGE = 1 << 20
 _SMALL = 256
 _LARGE_AT_LEAST = 256 << 10  # 1 MB: the time per byte above the noise of the latency
 _REPEATS = 5
@@ -146,7 +146,7 @@ def measure(comm: Comm, named: list[tuple[str, torch.nn.Parameter]]) -> tuple[Li
     large = torch.zeros(max(_LARGE_AT_LEAST, min(total, _LARGE)))
     small = torch.zeros(_SMALL)
     t_small = _timed(lambda: comm.all_reduce(small))
-    t_large = _timed(lambda: comm.all_reduce(large))
+    t_large = _timed(lambda: comm.all_reduce(large), repeats=3)
     src = torch.randn(large.numel(), generator=torch.Generator().manual_seed(0))
     wire = torch.empty(large.numel(), dtype=torch.bfloat16)
     cast = _timed(lambda: (wire.copy_(src), src.copy_(wire))) / (4 * src.numel())
