@@ -285,7 +285,7 @@ class DataParallel:
     def _apply(self, choice: dict[str, str | None]) -> None:
         """Send the auto gradients as choice says from the next step on (the buckets, PowerSGD rebuilt)."""
         self._auto_choice = dict(choice)
-        ways = {k: choice[self._names[k]] if v == AUTO else v for k, v in self._ways.items()}
+        ways = {k: choice.get(self._names[k]) if v == AUTO else v for k, v in self._ways.items()}  # rows: none
         self._build(ways, install=True)
 
     def _average_micro_batches(self) -> None:

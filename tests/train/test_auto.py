@@ -17,6 +17,7 @@ import torch
 from spmd.errors import DataParallelError
 from spmd.train.auto import MEASURE_STEPS, POWERSGD_FORM, Candidate, Costs, Link, choose
 from spmd.train.compress import check_compress, describe, parse_compress
+from spmd.train.data_parallel import DataParallel
 from tests.support import REPO, clean_env, ranks_ok, run, run_ranks, tool
 from tests.train.test_powersgd import Net, _continue, train
 
@@ -85,6 +86,29 @@ def test_every_rank_takes_the_same_choice_and_trains_alike(overlap, accum):
     assert out[0][1] == out[1][1] and set(out[0][1]) == {n for n, _ in Net().named_parameters()}
     for name, t in out[0][2].items():
         assert torch.equal(t, out[1][2][name]), name
+
+
+@pytest.mark.unit
+def test_sparse_rows_stay_rows_under_auto():
+    from tests.train.test_data_parallel import load_job
+
+    job = load_job()
+    base = job.build_model(0)
+
+    def rank(comm):
+        model = copy.deepcopy(base)
+        dp = DataParallel(model, comm, compress="auto", sparse_rows=True)
+        opt = job.make_optimizer(model, "adamw")
+        for step in range(MEASURE_STEPS + 1):
+            (micro,) = job.rank_batches(0, step, 8, comm.rank, comm.size)
+            dp.backward(job.mlm_loss(model, micro))
+            opt.step()
+            opt.zero_grad()
+        return dp.auto_choice, [w.name for w in dp.row_weights]
+
+    (out, _) = ranks_ok(run_ranks(2, rank))
+    choice, rows = out[0]
+    assert "tokens.weight" in rows and "tokens.weight" not in choice and out[1][0] == choice
 
 
 @pytest.mark.unit
