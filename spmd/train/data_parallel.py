@@ -78,6 +78,9 @@ class DataParallel:
         backward order the buckets follow with overlap.
     """
 
+    _scheduler: Scheduler  # made, and remade by compress="auto", in _build
+    _powersgd: PowerSGD
+
     def __init__(self, model: torch.nn.Module, comm: Comm | None = None, *, bucket_mb: float | None = None,
                  overlap: bool = False, compress: Compress = None, accum_steps: int = 1,
                  root: int = 0, sparse_rows: bool = False, powersgd_start: int = 0) -> None:
@@ -105,7 +108,7 @@ class DataParallel:
         # compress="auto": the gradients it chooses for, uncompressed until the choice.
         self._auto = [(n, p) for n, p in model.named_parameters()
                       if p.requires_grad and self._ways[id(p)] == AUTO and id(p) not in self._as_rows]
-        self._auto_choice = None if self._auto else {}
+        self._auto_choice: dict[str, str | None] | None = None if self._auto else {}
         self._measured = 0  # optimizer steps averaged before the choice
         self._build({k: None if v == AUTO else v for k, v in self._ways.items()}, install=False)
         self._micro = 0
