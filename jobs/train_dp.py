@@ -292,7 +292,7 @@ def finish(o, model, first, loss, seconds):
 class CompressParam(click.ParamType):
     """--compress: one dtype for every gradient, or pattern=dtype pairs (spmd.train.compress)."""
 
-    name = "none|fp16|bf16|powersgd[:R]|PATTERN=NAME,..."
+    name = "none|fp16|bf16|powersgd[:R]|auto|PATTERN=NAME,..."
 
     def convert(self, value, param, ctx):
         if not isinstance(value, str):
@@ -323,7 +323,8 @@ class CompressParam(click.ParamType):
               help="Micro-batches per step; gradients are averaged once per step.")
 @click.option("--compress", default="none", show_default=True, type=CompressParam(),
               help="How the gradients travel: none, fp16 or bf16 (their dtype), powersgd[:R] (matrices as "
-                   "rank-R factors, default 4); or per parameter, 'tokens.*=bf16,encoder.*=powersgd:4' "
+                   "rank-R factors, default 4), auto (chosen per gradient from the link measured after 3 "
+                   "uncompressed steps); or per parameter, 'tokens.*=bf16,encoder.*=powersgd:4' "
                    "(the rest uncompressed).")
 @click.option("--vocab", default=VOCAB, show_default=True, type=click.IntRange(min=2),
               help="Ordinary tokens (BERT's: 30522).")

@@ -4,7 +4,7 @@
 
 jobs/train_dp.py's TinyBert under DataParallel (gloo and mpi; plain, overlap,
 bf16) and DDP on gloo, each launch on its own (:mod:`spmd.bench.train_worker`);
---cases adds powersgd:4 beside DDP with torch's powerSGD_hook (LOW_RANK).  Launches are
+--cases adds powersgd:4 beside DDP with torch's powerSGD_hook, and compress="auto" (LOW_RANK).  Launches are
 interleaved over repeats; the table gives medians of the repeats' medians,
 their spread, the speed against DDP and the step's parts.  Method: docs/bench.md.
 """
@@ -35,10 +35,12 @@ CASES = (
 )
 DDP = "DDP gloo"
 
-#: Cases run only when --cases names them: low-rank compression, which pays on slow links only.
+#: Cases run only when --cases names them: low-rank compression, which pays on slow links only, and
+#: compress="auto", which chooses it (or bf16, or nothing) from the link it measures.
 LOW_RANK = (
     ("spmd gloo powersgd:4", "spmd", "gloo", {"compress": "powersgd:4"}),
     ("DDP gloo powerSGD:4", "ddp", "gloo", {"powersgd": 4}),
+    ("spmd gloo auto", "spmd", "gloo", {"compress": "auto"}),
 )
 
 #: The model and batch of the issue: about 3.2 M parameters.

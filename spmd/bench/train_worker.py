@@ -19,8 +19,8 @@ from pathlib import Path
 
 JOB = Path(__file__).resolve().parents[2] / "jobs" / "train_dp.py"
 
-DEFAULTS = {"impl": "spmd", "overlap": False, "compress": None, "powersgd": None, "ddp_hook": None,
-            "freeze_unused": False, "bucket_mb": None, "dim": 256, "layers": 4,
+DEFAULTS = {"impl": "spmd", "overlap": False, "compress": None, "powersgd": None, "powersgd_start": 0,
+            "ddp_hook": None, "freeze_unused": False, "bucket_mb": None, "dim": 256, "layers": 4,
             "heads": 4, "global_batch": 64, "seed": 0, "warmup": 5, "steps": 30, "probe": True, "mode": "time",
             "vocab": None, "sparse_rows": False, "sparse_embedding": False, "optimizer": "adamw",
             "zipf": 0.0}
@@ -64,7 +64,12 @@ def _wrap(o, model, comm):
         # torch's powerSGD_hook waits on futures inside its callbacks: with two DDP buckets on
         # gloo both of gloo's threads sat in those waits and the step never ended (seen here
         # at dim 256), so that case gets one bucket (an explicit cap sizes the first one too).
-        ddp = DistributedDataParallel(model, find_unused_parameters=not o["freeze_unused"],
+        # With find_unused_parameters DDP's all_reduce of its used map raced the hook's collectives
+        # on gloo (torch 2.13: "Received data size doesn't match expected size", at every model
+        # size tried): that case freezes the pooler instead, which gets no gradient either way.
+        if o["powersgd"] and not o["freeze_unused"]:
+            _frozen_unused(model)  # was: model.pooler.requires_grad_(False)
+        ddp = DistributedDataParallel(model, find_unused_parameters=not (o["powersgd"] or o["freeze_unused"]),
                                       bucket_cap_mb=1024 if o["powersgd"] else None)
         if o["powersgd"]:
             return _ddp_powersgd(ddp, model, o["powersgd"], comm)
@@ -75,7 +80,7 @@ def _wrap(o, model, comm):
     from spmd.train.data_parallel import DataParallel
 
     dp = DataParallel(model, bucket_mb=o["bucket_mb"], overlap=o["overlap"], compress=o["compress"],
-                      sparse_rows=o["sparse_rows"])
+                      sparse_rows=o["sparse_rows"], powersgd_start=o["powersgd_start"])
     # Read at the end: with overlap the buckets are rebuilt after the first step.
     return model, dp.no_sync, dp.synchronize, lambda: {
         "backend": comm.backend, "bucket_mb": dp.bucket_mb, "buckets": len(dp.buckets),

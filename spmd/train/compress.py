@@ -2,7 +2,8 @@
 
 ``DataParallel(compress=...)`` takes None, "fp16" or "bf16" (the dtype of
 every gradient on the wire), "powersgd" or "powersgd:R" (low-rank factors of
-rank R, :mod:`spmd.train.powersgd`; "powersgd" is "powersgd:4"), or a mapping
+rank R, :mod:`spmd.train.powersgd`; "powersgd" is "powersgd:4"), "auto" (chosen
+per gradient from the measured link, :mod:`spmd.train.auto`), or a mapping
 of parameter-name patterns (``fnmatch``, as in ``model.named_parameters()``)
 to one of those: ``{"tokens.*": "bf16"}`` compresses the token embedding and
 sends the rest as it is.  The first pattern that matches a name decides.
@@ -16,6 +17,7 @@ from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, Union
 
 from spmd.errors import DataParallelError
+from spmd.train.auto import AUTO
 from spmd.train.buckets import COMPRESS
 from spmd.train.powersgd import DEFAULT_RANK
 
@@ -27,7 +29,7 @@ __all__ = ["Compress", "POWERSGD", "check_compress", "powersgd_rank", "dtype_nam
 #: What ``compress`` accepts: one dtype name for every gradient, or patterns -> names.
 Compress = Union[str, None, Mapping[str, Union[str, None]]]
 
-_NAMES = "None, 'none', 'fp16', 'bf16', 'powersgd' or 'powersgd:R' (R a positive integer)"
+_NAMES = "None, 'none', 'fp16', 'bf16', 'auto', 'powersgd' or 'powersgd:R' (R a positive integer)"
 
 #: The name of PowerSGD in compress: "powersgd" or "powersgd:R".
 POWERSGD = "powersgd"
@@ -51,6 +53,8 @@ def _check_name(name: object, where: str) -> str | None:
                 f"{where} {name!r}: the rank of PowerSGD's approximation must be a positive integer, "
                 f"as in 'powersgd:4' (or 'powersgd' for rank {DEFAULT_RANK})")
         return f"{POWERSGD}:{int(rank)}"
+    if name == AUTO:
+        return AUTO
     if not (name is None or isinstance(name, str)) or name not in COMPRESS:
         raise DataParallelError(f"{where} {name!r}; use {_NAMES}")
     return None if name == "none" else name
@@ -66,7 +70,7 @@ def check_compress(compress: Compress) -> str | None | dict[str, str | None]:
             out[pattern] = _check_name(dtype, f"compress: {pattern!r} maps to")
         return out
     if not (compress is None or isinstance(compress, str)) or (
-            compress not in COMPRESS and compress.partition(":")[0] != POWERSGD):
+            compress not in COMPRESS and compress != AUTO and compress.partition(":")[0] != POWERSGD):
         raise DataParallelError(
             f"compress must be one of {_NAMES}, or a mapping of parameter-name patterns to those "
             f"(for example {{'tokens.*': 'bf16'}}); got {compress!r}")
@@ -74,7 +78,7 @@ def check_compress(compress: Compress) -> str | None | dict[str, str | None]:
 
 
 def dtype_names(model: nn.Module, compress: Compress) -> dict[int, str | None]:
-    """{id(parameter): the name of how its gradient travels ('bf16', 'powersgd:4'), or None} of the trainable ones.
+    """{id(parameter): the name of how its gradient travels ('bf16', 'powersgd:4', 'auto'), or None} of the trainable ones.
 
     Raises if a pattern matches no trainable parameter (a typo would
     otherwise compress nothing without a word), naming some that exist.
@@ -93,7 +97,7 @@ def dtype_names(model: nn.Module, compress: Compress) -> dict[int, str | None]:
 
 
 def parse_compress(text: str) -> str | None | dict[str, str | None]:
-    """Read the command line's --compress: 'none', 'fp16', 'bf16', 'powersgd[:R]', or 'pattern=name,pattern=name'."""
+    """Read the command line's --compress: 'none', 'fp16', 'bf16', 'powersgd[:R]', 'auto', or 'pattern=name,pattern=name'."""
     text = text.strip()
     if "=" not in text:
         return check_compress(text)

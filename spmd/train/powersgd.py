@@ -25,7 +25,7 @@ from spmd.errors import DataParallelError
 if TYPE_CHECKING:
     from spmd.comms.comm import Comm
 
-__all__ = ["DEFAULT_RANK", "SEED", "compressible", "orthonormalize", "PowerSGD"]
+__all__ = ["DEFAULT_RANK", "SEED", "compressible", "orthonormalize", "times_q", "transposed_times_p", "PowerSGD"]
 
 #: The rank of the approximation of "powersgd" without ":R".
 DEFAULT_RANK = 4
@@ -69,18 +69,32 @@ def orthonormalize(p: torch.Tensor, tol: float = 1e-6) -> torch.Tensor:
     return p
 
 
+def times_q(m: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """M Q, with Q handed to the product as its transpose: 1.4 ms where M @ Q took 5-9 (30,523 x 128, rank 4, one thread)."""
+    return torch.mm(m, q.t().contiguous().t())
+
+
+def transposed_times_p(m: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """M^T P as (P^T M)^T, M read row by row: 2 ms where M.T @ P took 20 (30,523 x 128, rank 4, one thread)."""
+    return torch.mm(p.t(), m).t()
+
+
 class PowerSGD:
     """Average the gradients of some matrices over ranks as rank-R factors, two all_reduces per step.
 
     comm: the communicator; named: (name, parameter, R) of each matrix to
     compress (:func:`compressible` ones), in the same order on every rank;
     accum_steps: what the local gradient is divided by first; seed: of the
-    first Q's.  State: E (``errors``) and Q (``qs``) per parameter.
+    first Q's; start: steps averaged whole before compression begins (the
+    warm-up of torch's ``start_powerSGD_iter``).  State: E (``errors``) and
+    Q (``qs``) per parameter, and the steps done (``step``).
     """
 
     def __init__(self, comm: Comm, named: list[tuple[str, torch.nn.Parameter, int]], accum_steps: int = 1,
-                 seed: int = SEED) -> None:
+                 seed: int = SEED, start: int = 0) -> None:
         self.comm = comm
+        self.start = start
+        self.step = 0
         self.names = [n for n, _, _ in named]
         self.params = [p for _, p, _ in named]
         self.ranks = [r for _, _, r in named]
@@ -92,6 +106,14 @@ class PowerSGD:
 
     def _draw(self, m: int, rank: int, dtype: torch.dtype) -> torch.Tensor:
         return torch.randn(m, rank, generator=self.generator, dtype=dtype)
+
+    def adopt(self, other: PowerSGD) -> None:
+        """Take other's E and Q of the matrices both compress alike (compress="auto" rebuilds around them)."""
+        mine = {(n, r): i for i, (n, r) in enumerate(zip(self.names, self.ranks))}
+        for j, key in enumerate(zip(other.names, other.ranks)):
+            if key in mine:
+                self.errors[mine[key]], self.qs[mine[key]] = other.errors[j], other.qs[j]
+        self.step = other.step
 
     @property
     def wire_elements(self) -> int:
@@ -106,16 +128,41 @@ class PowerSGD:
         A rank without a gradient for a used one sends zeros (plus its E).
         """
         todo = [i for i, p in enumerate(self.params) if used[id(p)]]
+        self.step += 1
         if not todo:
+            return
+        if self.step <= self.start:
+            self._average_whole(todo)
             return
         with torch.no_grad():
             ms = {i: self._local(i) for i in todo}
-            ps = self._all_reduce_mean([ms[i] @ self.qs[i] for i in todo])
+            ps = self._all_reduce_mean([times_q(ms[i], self.qs[i]) for i in todo])
             for p in ps:
                 orthonormalize(p)
-            qs = self._all_reduce_mean([ms[i].T @ p for i, p in zip(todo, ps)])
+            qs = self._all_reduce_mean([transposed_times_p(ms[i], p) for i, p in zip(todo, ps)])
             for i, p, q in zip(todo, ps, qs):
                 self._finish(i, ms[i], p, q)
+
+    def _average_whole(self, todo: list[int]) -> None:
+        """A warm-up step: average the gradients of todo uncompressed, in one all_reduce; E stays zero."""
+        with torch.no_grad():
+            grads = []
+            for i in todo:
+                g = self.params[i].grad
+                if g is not None and g.is_sparse:
+                    self._local(i)  # raises, naming the fix
+                grads.append(torch.zeros(self.shapes[i], dtype=self.params[i].dtype) if g is None else g)
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            if self.comm.size > 1:
+                self.comm.all_reduce(flat)
+            flat.div_(self.comm.size * self.accum_steps)
+            offset = 0
+            for i in todo:
+                param, n = self.params[i], self.params[i].numel()
+                if param.grad is None:
+                    param.grad = torch.empty_like(param)
+                param.grad.copy_(flat[offset : offset + n].view_as(param))
+                offset += n
 
     def _local(self, i: int) -> torch.Tensor:
         """M: this rank's gradient (a mean over its micro-batches) plus its error, as n x m, made in E's place."""
@@ -162,7 +209,7 @@ class PowerSGD:
         """Q's and the generator (the same on every rank) and every rank's E, gathered: a collective."""
         errors = self.comm.all_gather_object({n: e for n, e in zip(self.names, self.errors)})
         return {"names": list(self.names), "ranks": list(self.ranks), "qs": dict(zip(self.names, self.qs)),
-                "errors": errors, "generator": self.generator.get_state()}
+                "errors": errors, "generator": self.generator.get_state(), "step": self.step}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Take Q's, the generator and this rank's E from state_dict()'s output (the same world size)."""
@@ -180,3 +227,4 @@ class PowerSGD:
         self.errors = [mine[n].clone() for n in self.names]
         self.qs = [state["qs"][n].clone() for n in self.names]
         self.generator.set_state(state["generator"])
+        self.step = state.get("step", self.start)  # written before steps were counted: past any warm-up

@@ -181,6 +181,33 @@ def test_two_all_reduces_per_step_and_the_same_bits_on_every_rank(overlap, accum
         assert torch.equal(t, out[1][2][name]), name
 
 
+@pytest.mark.parametrize("size, accum", [(2, 1), (2, 2), (1, 2)])
+def test_powersgd_start_averages_whole_first_then_compresses(size, accum):
+    base = Net()
+
+    def rank(comm, **options):
+        model = copy.deepcopy(base)
+        dp = DataParallel(model, comm, accum_steps=accum, **options)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        states = []
+        for step in range(4):
+            _continue(comm, dp, opt, model, step, step + 1)
+            states.append(copy.deepcopy(model.state_dict()))
+        return states, [e.abs().sum().item() for e in dp.powersgd.errors], dp.powersgd.state_dict()["step"]
+
+    (warm, _) = ranks_ok(run_ranks(size, lambda comm: rank(comm, compress="powersgd:2", powersgd_start=2)))
+    (full, _) = ranks_ok(run_ranks(size, lambda comm: rank(comm, compress=None)))
+    (cold, _) = ranks_ok(run_ranks(size, lambda comm: rank(comm, compress="powersgd:2")))
+    for step in range(2):  # whole: uncompressed training's very bits
+        for k, t in full[0][0][step].items():
+            torch.testing.assert_close(warm[0][0][step][k], t, rtol=1e-6, atol=1e-7)
+    assert not all(torch.equal(cold[0][0][0][k], t) for k, t in full[0][0][0].items())  # compressed at once
+    assert not all(torch.equal(warm[0][0][3][k], t) for k, t in full[0][0][3].items())  # compressed from step 3
+    assert warm[0][1][0] > 0 and warm[0][2] == 4
+    with pytest.raises(DataParallelError, match="powersgd_start must be an integer >= 0"):
+        DataParallel(Net(), run_ranks(1, lambda comm: comm)[0][0], powersgd_start=-1)
+
+
 def test_one_rank_with_accumulation_gets_the_mean_of_its_micro_batches():
     x = torch.randn(1, 16, generator=torch.Generator().manual_seed(4))
     targets = torch.randn(2, 8, generator=torch.Generator().manual_seed(5))
