@@ -24,6 +24,8 @@ from spmd.comms.arrays import check_array, dtype_name
 from spmd.comms.contract import Backend
 from spmd.comms.handle import Done, Handle
 from spmd.comms.hierarchy import Hierarchy, wanted
+from spmd.comms.pipelined import Pipelined
+from spmd.comms.pipelined import wanted as pipelined_wanted
 from spmd.comms.p2p.incoming import receive_buffers
 from spmd.comms.p2p.methods import PointToPoint
 from spmd.comms.policy import CONVERTED, converted
@@ -66,7 +68,7 @@ class Comm(Collectives, Exchanges, PointToPoint):
     launcher: str
 
     def __init__(self, backend: Backend, placement: Placement | None = None, monitor: Monitor | None = None,
-                 hierarchy: str | None = None) -> None:
+                 hierarchy: str | None = None, pipelined: str | None = None) -> None:
         #: The transport: every hook a call ends in (spmd.comms.contract).
         self._backend = backend
         self._mon = monitor if monitor is not None else Monitor()
@@ -100,6 +102,17 @@ class Comm(Collectives, Exchanges, PointToPoint):
             hierarchy = parse_hierarchy(os.environ)
         go = wanted(hierarchy, self.backend, self.size, self._mon.world, p.num_nodes if p else None)
         self._hierarchy = Hierarchy(backend, placement) if go else None
+        # Large broadcasts down a chain, all_gathers round a ring (spmd.comms.pipelined): SPMD_PIPELINED's
+        # value, None: read it; a split keeps its world's.
+        if pipelined is None:
+            import os
+
+            from spmd.config.settings import parse_pipelined
+
+            pipelined = parse_pipelined(os.environ)
+        self._pipelined_mode = pipelined
+        go = pipelined_wanted(pipelined, self.backend, self.size, p.num_nodes if p else None)
+        self._pipelined = Pipelined(backend) if go else None
 
     def __repr__(self) -> str:
         return f"<Comm rank {self.rank} of {self.size}, backend {self.backend}>"
@@ -238,7 +251,8 @@ class Comm(Collectives, Exchanges, PointToPoint):
         key = self.rank if key is None else key
         self._mon.dirty = True  # a group now hangs off this communicator
         backend = self._call(self._backend.split, (color, key), "split")
-        return None if backend is None else Comm(backend, self.placement, self._mon.child(), "off")
+        return None if backend is None else Comm(backend, self.placement, self._mon.child(), "off",
+                                                      self._pipelined_mode)
 
     def free(self) -> None:
         """Release a communicator that split made, as MPI_Comm_free: its ranks call it together.
@@ -257,4 +271,6 @@ class Comm(Collectives, Exchanges, PointToPoint):
         """Release what the backend holds (the runtime's finalize)."""
         if self._hierarchy is not None:
             self._hierarchy.close()
+        if self._pipelined is not None:
+            self._pipelined.close()
         self._backend.close()

@@ -9,16 +9,15 @@ saves: docs/comms.md and docs/performance.md, "Hierarchy across hosts".
 
 from __future__ import annotations
 
-import queue
 import socket
 import sys
-import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
 from spmd.comms.handle import Handle
+from spmd.comms.stages import Stages
 
 if TYPE_CHECKING:
     from spmd.comms.contract import Backend
@@ -104,54 +103,6 @@ def host_key(placement: Placement | None) -> str:
     return f"name {socket.gethostname()}"
 
 
-class _Stages:
-    """The hierarchy's work, in order, in one thread: each job is run, its result or error kept."""
-
-    def __init__(self) -> None:
-        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._serve, name="spmd-hierarchy", daemon=True)
-        self._thread.start()
-
-    def _serve(self) -> None:
-        while True:
-            job = self._jobs.get()
-            if job is None:
-                return
-            job.run()
-
-    def submit(self, fn) -> _Job:
-        job = _Job(fn)
-        self._jobs.put(job)
-        return job
-
-    def stop(self, within: float = 5.0) -> None:
-        self._jobs.put(None)
-        self._thread.join(within)
-
-
-class _Job:
-    __slots__ = ("_fn", "_done", "_error")
-
-    def __init__(self, fn) -> None:
-        self._fn, self._done, self._error = fn, threading.Event(), None
-
-    def run(self) -> None:
-        try:
-            self._fn()
-        except BaseException as exc:  # handed to the waiting thread, which raises it
-            self._error = exc
-        finally:
-            self._done.set()
-
-    def wait(self) -> None:
-        self._done.wait()
-        if self._error is not None:
-            raise self._error
-
-    def test(self) -> bool:
-        return self._done.is_set()
-
-
 def _reduce(b: Backend, x, op) -> None:
     go = b.direct_reduce(x, 0, op)
     if go is not None:
@@ -192,7 +143,7 @@ class Hierarchy:
         self.flat = False  # built, and grouping does not pay
         self._host: Backend | None = None  # the ranks of this host
         self._leaders: Backend | None = None  # one rank per host; None on the others
-        self._stages: _Stages | None = None
+        self._stages: Stages | None = None
 
     def _build(self) -> None:
         world = self._world
@@ -204,7 +155,7 @@ class Hierarchy:
         rank = world.rank
         self._host = world.split(hosts.host(rank), rank)
         self._leaders = world.split(0 if hosts.leader(rank) == rank else None, rank)
-        self._stages = _Stages()
+        self._stages = Stages("spmd-hierarchy")
 
     def all_reduce(self, x, op: str, async_op: bool):
         """Reduce x in place over the world by host (the hook its Comm's all_reduce runs); return x or a Handle."""

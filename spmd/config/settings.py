@@ -35,6 +35,8 @@ __all__ = [
     "parse_tag_output",
     "parse_hierarchy",
     "HIERARCHY",
+    "parse_pipelined",
+    "PIPELINED",
     "parse_max_restarts",
 ]
 
@@ -48,6 +50,9 @@ DEFAULT_HEARTBEAT = 2.0
 #: SPMD_HIERARCHY's values: reduce within each host first where it helps (auto), for every backend
 #: that can (on), never (off).  spmd.comms.hierarchy says which backends and arrays.
 HIERARCHY = ("auto", "on", "off")
+#: SPMD_PIPELINED's values: large broadcasts as a chain and all_gathers as a ring where it helps (auto), for
+#: every backend that can (on), never (off).  spmd.comms.pipelined says which backends and arrays.
+PIPELINED = ("auto", "on", "off")
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("", "0", "false", "no", "off")
@@ -88,6 +93,8 @@ class Settings:
     (unset): only before MPICH's MPI_Init under Hydra across hosts, over its key-value space; False: never."""
     hierarchy: str = "auto"
     """Large all_reduces of a world across hosts go within each host first (SPMD_HIERARCHY), one of HIERARCHY."""
+    pipelined: str = "auto"
+    """Large broadcasts go down a chain and all_gathers round a ring (SPMD_PIPELINED), one of PIPELINED."""
 
     @classmethod
     def parse(cls, environ: Mapping[str, str], backend=None, timeout=None, debug=None,
@@ -109,6 +116,7 @@ class Settings:
             else None,
             heartbeat=parse_heartbeat(environ),
             hierarchy=parse_hierarchy(environ),
+            pipelined=parse_pipelined(environ),
         )
 
 
@@ -128,6 +136,7 @@ VARIABLES = {
     "preflight": "SPMD_PREFLIGHT",
     "heartbeat": "SPMD_HEARTBEAT",
     "hierarchy": "SPMD_HIERARCHY",
+    "pipelined": "SPMD_PIPELINED",
 }
 
 
@@ -234,6 +243,23 @@ def parse_hierarchy(environ: Mapping[str, str]) -> str:
         f"SPMD_HIERARCHY={value!r} is not auto, on or off: use auto (or nothing) to reduce large "
         "all_reduces within each host first where the backend gains by it, on to do so on every backend "
         "that can, off to keep every all_reduce flat"
+    )
+
+
+def parse_pipelined(environ: Mapping[str, str]) -> str:
+    """Return SPMD_PIPELINED as one of PIPELINED ("auto" when unset or blank)."""
+    value = environ.get("SPMD_PIPELINED", "")
+    text = value.strip().lower() or "auto"
+    if text in PIPELINED:
+        return text
+    if text in _TRUE:
+        return "on"
+    if text in _FALSE:
+        return "off"
+    raise SettingsError(
+        f"SPMD_PIPELINED={value!r} is not auto, on or off: use auto (or nothing) to send large broadcasts "
+        "down a chain of the ranks and large all_gathers round a ring where the backend gains by it, on to do "
+        "so on every backend that can, off to keep the backend's own"
     )
 
 

@@ -123,7 +123,7 @@ def _start(settings, environ, guarded=True):
         from spmd.failfast.mpi_timeout import MpiTimeout
 
         side, placement = _torch_group(settings, placement, mpi_world, environ, card, cards)
-        comm = Comm(MpiBackend(mpi_world, seconds), placement, monitor, settings.hierarchy)
+        comm = Comm(MpiBackend(mpi_world, seconds), placement, monitor, settings.hierarchy, settings.pipelined)
         timer = MpiTimeout(comm, monitor.family)
         hub = open_hub(placement.rank, placement.size, comm.broadcast_object, placement.num_nodes == 1, seconds,
                        monitor.family, placement.address, card.name, settings.heartbeat)
@@ -138,7 +138,7 @@ def _start(settings, environ, guarded=True):
     if name == "nccl":
         device = _nccl_device(placement, store)
     init_process_group(name, store, placement.rank, placement.size, seconds, device)
-    comm = Comm(open_backend(name, device, timeout=seconds, store=store), placement, monitor, settings.hierarchy)
+    comm = Comm(open_backend(name, device, timeout=seconds, store=store), placement, monitor, settings.hierarchy, settings.pipelined)
     if store is not None and guarded:
         share, host = hub_share(store, placement.rank, comm.broadcast_object, placement.address)
         guards.append(open_hub(placement.rank, placement.size, share, placement.num_nodes == 1, seconds,

@@ -77,6 +77,9 @@ def test_every_field_has_its_variable():
     ({"SPMD_HIERARCHY": "1"}, "hierarchy", "on"),
     ({"SPMD_HIERARCHY": "off"}, "hierarchy", "off"),
     ({"SPMD_HIERARCHY": "no"}, "hierarchy", "off"),
+    ({}, "pipelined", "auto"),
+    ({"SPMD_PIPELINED": "ON"}, "pipelined", "on"),
+    ({"SPMD_PIPELINED": "0"}, "pipelined", "off"),
 ])
 def test_good_values(env, field, value):
     assert getattr(Settings.parse(env), field) == value
@@ -102,6 +105,7 @@ def test_good_values(env, field, value):
     ({"SPMD_TORCH_GROUP": "2"}, ["SPMD_TORCH_GROUP='2'", "not auto, on or off"]),
     ({"SPMD_TAG_OUTPUT": "rank"}, ["SPMD_TAG_OUTPUT='rank'", "1, true, yes or on", "0, false, no, off"]),
     ({"SPMD_HIERARCHY": "hosts"}, ["SPMD_HIERARCHY='hosts'", "not auto, on or off", "off to keep"]),
+    ({"SPMD_PIPELINED": "ring"}, ["SPMD_PIPELINED='ring'", "not auto, on or off", "off to keep"]),
 ])
 def test_bad_values_name_variable_value_and_what_is_allowed(env, words):
     with pytest.raises(SettingsError) as caught:

@@ -1,4 +1,5 @@
-"""All_reduce by host (spmd.comms.hierarchy), checked against the flat path in one launch of 2 hosts x 2 ranks.
+"""All_reduce by host (spmd.comms.hierarchy), checked against the flat path in one launch of 2 hosts x 2 ranks;
+broadcast down a chain and all_gather round a ring (spmd.comms.pipelined), against the plain results.
 
     hierarchy.py [--fake-hosts] [--bytes]
 
@@ -7,7 +8,10 @@ and 2, 3); the hierarchy's results equal the flat path's (a split of the whole w
 sub-communicator is) bit for bit for int32 and int64 sum, max and min below, at and above
 MIN_BYTES, and within rounding for float32 and float64 sums and avg; numpy and torch; the async form
 (its work goes on while this rank computes); a list of arrays; chunk_bytes; DataParallel's buckets,
-blocking and overlapped.  Then, with --bytes,
+blocking and overlapped.  The chain and the ring (the world takes them: SPMD_PIPELINED auto on gloo across
+hosts, or on): broadcast and all_gather of uint8, int32, float64 (numpy and torch), bfloat16, below, at
+and above MIN_BYTES, from every root, with out=, uneven, non-contiguous, async, equal to the data every
+rank made bit for bit.  Then, with --bytes,
 the bytes out of this host's eth0 per 32 MiB all_reduce, spmd's (by host) against raw
 torch.distributed.all_reduce on the same ranks (median of 3 each, interleaved); rank 0 prints
 ``BYTES {"hier": ..., "raw": ...}`` and every rank asserts hier <= 0.75 raw.  --fake-hosts makes
@@ -135,6 +139,73 @@ for overlap in (False, True):
     assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(*grads)), f"overlap={overlap}"
     assert len(ran) >= 2, f"overlap={overlap}: {len(ran)} buckets went by host"  # 4.2 MB in 2 MiB buckets
 comm._hierarchy._run = run
+
+# Broadcast down a chain and all_gather round a ring (spmd.comms.pipelined): the results a plain
+# broadcast and all_gather give (a copy: bit for bit), every rank's data made from (case, rank) on every rank.
+from spmd.comms import pipelined  # noqa: E402
+
+PMIN, case = pipelined.MIN_BYTES, [0]
+assert comm._pipelined is not None, "the world should take the chain and the ring"
+
+
+def made(rank, dtype, count, cols=None):
+    """Rank's data of case case[0]: the same on every rank that makes it."""
+    g = np.random.default_rng((case[0], rank))
+    raw = g.integers(0, 256, count * np.dtype(dtype).itemsize, dtype=np.uint8).view(dtype)
+    return raw if cols is None else raw.reshape(-1, cols)
+
+
+def as_kind(a, kind, dtype=None):
+    t = torch.from_numpy(a.copy())
+    return a.copy() if kind == "numpy" else (t.view(dtype) if dtype is not None else t)
+
+
+for dtype in (np.uint8, np.int32, np.float64):
+    size = np.dtype(dtype).itemsize
+    for count in (PMIN // size // 4 - 1, PMIN // size - 1, PMIN // size, (3 * PMIN + 4099) // size):
+        for kind in ("numpy", "torch"):
+            case[0] += 1
+            root = case[0] % comm.size
+            x = as_kind(made(root, dtype, count) if comm.rank == root else np.zeros(count, dtype), kind)
+            assert comm.broadcast(x, root) is x
+            assert np.asarray(x).tobytes() == made(root, dtype, count).tobytes(), (dtype, count, kind, root)
+            got = comm.all_gather(as_kind(made(comm.rank, dtype, count), kind))
+            assert [np.asarray(g).tobytes() for g in got] == [made(r, dtype, count).tobytes() for r in range(4)]
+            out = as_kind(np.empty(4 * count, dtype), kind)
+            got = comm.all_gather(as_kind(made(comm.rank, dtype, count), kind), equal=True, out=out)
+            assert np.asarray(out).tobytes() == b"".join(made(r, dtype, count).tobytes() for r in range(4))
+            assert all(np.shares_memory(np.asarray(g), np.asarray(out)) for g in got)
+assert comm._pipelined._stages is not None, "no broadcast or all_gather took the chain or the ring"
+
+# bfloat16 (torch only), rows of several columns, uneven all_gather (rank r holds r + 1 blocks, rank 0 none
+# at all in one case), a non-contiguous broadcast, async ones in flight together, waited for in reverse
+case[0] += 1
+x = made(2, np.int16, PMIN, 1024) if comm.rank == 2 else np.zeros((PMIN // 1024, 1024), np.int16)
+t = torch.from_numpy(x.copy()).view(torch.bfloat16)
+comm.broadcast(t, 2)
+assert t.view(torch.int16).numpy().tobytes() == made(2, np.int16, PMIN, 1024).tobytes()
+for first in (1, 0):
+    case[0] += 1
+    rows = lambda r: (r + first) * (PMIN // 128)  # noqa: E731  # 1.5 and 2.5 MIN_BYTES in all
+    got = comm.all_gather(made(comm.rank, np.float32, rows(comm.rank) * 8, 8))
+    assert [g.shape for g in got] == [(rows(r), 8) for r in range(4)]
+    assert [g.tobytes() for g in got] == [made(r, np.float32, rows(r) * 8, 8).tobytes() for r in range(4)]
+case[0] += 1
+whole = torch.zeros(PMIN // 4, 2)
+if comm.rank == 3:
+    whole[:, 1] = torch.from_numpy(made(3, np.float32, PMIN // 4))
+comm.broadcast(whole[:, 1], 3)
+assert whole[:, 1].contiguous().numpy().tobytes() == made(3, np.float32, PMIN // 4).tobytes()
+assert not whole[:, 0].any()
+case[0] += 1
+bs = [torch.from_numpy(made(1, np.int64, PMIN // 4) if comm.rank == 1 else np.zeros(PMIN // 4, np.int64))
+      for _ in range(2)]
+hs = [comm.broadcast(b, 1, async_op=True) for b in bs]
+hg = comm.all_gather(torch.from_numpy(made(comm.rank, np.int64, PMIN // 8)), async_op=True)
+busy = sum(i * i for i in range(20000))
+assert [np.asarray(g).tobytes() for g in hg.wait()] == [made(r, np.int64, PMIN // 8).tobytes() for r in range(4)]
+for b, hd in zip(reversed(bs), reversed(hs)):
+    assert hd.wait() is b and b.numpy().tobytes() == made(1, np.int64, PMIN // 4).tobytes()
 
 if "--bytes" in sys.argv:
     def out_bytes():

@@ -38,8 +38,16 @@ class Collectives:
     def broadcast(self, x: ArrayT, root: int = 0, async_op: bool = False) -> ArrayT | Handle[ArrayT]: ...
 
     def broadcast(self, x: ArrayT, root: int = 0, async_op: bool = False) -> ArrayT | Handle[ArrayT]:
-        """Copy root's x into x on every rank, in place; return x."""
+        """Copy root's x into x on every rank, in place; return x.
+
+        A large x on 3 ranks or more goes down a chain of the ranks in pieces,
+        each passed on as the next arrives (``SPMD_PIPELINED``; docs/comms.md,
+        "Collectives at the link's limit").
+        """
         root = self._root(root)
+        pipe = self._pipelined
+        if pipe is not None and pipe.chains(x):
+            return self._call(pipe.broadcast, (self._array(x), root, async_op), "broadcast", x, root, None, async_op)
         if not async_op and not self._mon.active:
             go = self._backend.direct_broadcast(x, root)
             if go is not None:
@@ -258,16 +266,24 @@ class Collectives:
                    out: ArrayT | None = None) -> list[ArrayT] | Handle[list[ArrayT]]:
         """Collect every rank's x on every rank, as a list in rank order.
 
-        ``equal`` and ``out`` work as for :meth:`gather`.
+        ``equal`` and ``out`` work as for :meth:`gather`.  A large gather
+        goes round a ring of the ranks, each sending to the next while it
+        receives from the one before (``SPMD_PIPELINED``; docs/comms.md,
+        "Collectives at the link's limit").
         """
-        if equal and out is not None and not async_op and not self._mon.active:
+        pipe = self._pipelined
+        if (equal and out is not None and not async_op and not self._mon.active
+                and (pipe is None or not pipe.rings(x))):
             go = self._backend.direct_all_gather(x, out)
             if go is not None:
                 return self._call(go[0], go[1], "all_gather", x, None, "equal")
         lengths = self._lengths(x, "all_gather", equal)
         out = self._gather_out(x, lengths, out, "all_gather")
         op = "equal" if equal else None
-        return self._call(self._backend.all_gather, (x, lengths, out, async_op), "all_gather", x, None, op, async_op)
+        hook = self._backend.all_gather
+        if pipe is not None and pipe.rings(x, sum(lengths)):
+            hook = pipe.all_gather
+        return self._call(hook, (x, lengths, out, async_op), "all_gather", x, None, op, async_op)
 
     def barrier(self) -> None:
         """Block until every rank has called barrier."""
