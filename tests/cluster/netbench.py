@@ -182,7 +182,7 @@ def collectives(lab, args):
             for layout in args.layouts:
                 out = Path(args.work) / f"coll-{layout[0]}x{layout[1]}-{cap}-{rnd}.json"
                 cmd = [PY, "-m", "spmd.cli.bench", "collectives", "--collectives", args.collectives,
-                       "--sizes", args.sizes, "--rounds", "3", "--target-time", "0.5", "--json", str(out),
+                       "--sizes", args.sizes, "--rounds", "2", "--target-time", "0.3", "--json", str(out),
                        "--quiet"]
                 subprocess.run(mpiexec(lab, layout, cmd), env=env(SPMD_TIMEOUT="300", OMP_NUM_THREADS="1"),
                                check=True, timeout=1800, stdout=subprocess.DEVNULL)
