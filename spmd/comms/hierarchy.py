@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
+from spmd.errors import CollectiveError
 from spmd.comms.handle import Handle
 from spmd.comms.stages import Stages
 
@@ -57,7 +58,7 @@ class Hosts:
         for number, ranks in enumerate(self.groups):
             if rank in ranks:
                 return number
-        raise ValueError(f"rank {rank} is on none of the hosts {self.groups}")
+        raise CollectiveError(f"rank {rank} is on none of the hosts {self.groups}")
 
     def leader(self, rank: int) -> int:
         """The rank that speaks for rank's host across hosts: its host's first."""

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import torch
 
+from spmd.errors import CollectiveError
 from spmd.comms.hierarchy import MIN_BYTES, Hosts, host_key, takes, wanted
 from spmd.config.placement import Placement, regroup
 
@@ -16,7 +17,7 @@ def test_hosts_group_ranks_in_order_of_their_first_rank():
     assert hosts.groups == ((0, 2), (1, 3), (4,))
     assert [hosts.host(r) for r in range(5)] == [0, 1, 0, 1, 2]
     assert [hosts.leader(r) for r in range(5)] == [0, 1, 0, 1, 4]
-    with pytest.raises(ValueError, match="rank 7 is on none of the hosts"):
+    with pytest.raises(CollectiveError, match="rank 7 is on none of the hosts"):
         hosts.host(7)
 
 
