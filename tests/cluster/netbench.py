@@ -227,10 +227,33 @@ def pipeline(lab, args):
                     cmd = [PY, "-m", "spmd.bench.pipeline_worker", impl, str(ROWS), str(CHUNK), json.dumps(options)]
                     record, sent = launch(lab, layout, cmd, "PIPELINE_BENCH", 1800)
                     runs.append({"form": label, "cap": cap, "layout": f"{layout[0]}x{layout[1]}", "round": rnd,
-                                 "record": record, "h1_bytes": sent})
-                    print(f"round {rnd} {layout} cap {cap} {label}: {record}", flush=True)
+                                 "seconds": record["seconds"], "checksum": record["checksum"], "h1_bytes": sent})
+                    print(f"round {rnd} {layout} cap {cap} {label}: {record['seconds']:.2f} s, "
+                          f"{sent / 1e6:.1f} MB out of h1", flush=True)
     set_caps(lab, 0)
-    return {"runs": runs}, ""
+    return {"runs": runs}, pipeline_table(runs)
+
+
+def pipeline_table(runs):
+    """Median seconds per layout, cap and case, and spmd's against the hand-written loop's; the checksums
+    of every run must agree (the same rows out)."""
+    lines = ["| layout | cap | case | s (median) | each round | MB out of h1 | vs the mpi4py loop |",
+             "|---|---|---|---:|---|---:|---:|"]
+    sums = {r["checksum"] for r in runs}
+    keys = sorted({(r["layout"], r["cap"]) for r in runs}, key=lambda k: (k[0], -k[1] or -1e9))
+    for layout, cap in keys:
+        mine = [r for r in runs if (r["layout"], r["cap"]) == (layout, cap)]
+        med = {f: statistics.median(r["seconds"] for r in mine if r["form"] == f) for f in {r["form"] for r in mine}}
+        loop = next((v for k, v in med.items() if k.startswith("mpi4py")), None)
+        for form in sorted(med):
+            each = [r for r in mine if r["form"] == form]
+            rounds = ", ".join(f"{r['seconds']:.2f}" for r in each)
+            sent = statistics.median(r["h1_bytes"] for r in each) / 1e6
+            ratio = f"{med[form] / loop:.2f}" if loop else "-"
+            lines.append(f"| {layout} | {f'{cap} Mbit/s' if cap else 'uncapped'} | {form} | {med[form]:.2f} | "
+                         f"{rounds} | {sent:.1f} | {ratio} |")
+    note = "" if len(sums) == 1 else f"\nchecksums differ between runs: {sorted(sums)}\n"
+    return "\n".join(lines) + "\n" + note
 
 
 def main(argv=None):

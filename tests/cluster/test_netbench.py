@@ -45,3 +45,15 @@ def test_collectives_table_gives_the_share_of_the_cap_and_the_ratio_to_raw_gloo(
 
 def test_layouts_read_hosts_by_ranks():
     assert nb.layouts("2x1,2x2,4") == [(2, 1), (2, 2), (4, 1)]
+
+
+def test_pipeline_table_compares_with_the_loop_and_flags_differing_checksums():
+    runs = [{"form": "spmd scatter (read=root)", "cap": 200, "layout": "2x1", "round": r, "seconds": s,
+             "checksum": "ab", "h1_bytes": 40e6} for r, s in enumerate((3.0, 5.0))]
+    runs += [{"form": "mpi4py Scatterv/Gatherv loop", "cap": 200, "layout": "2x1", "round": 0, "seconds": 5.0,
+              "checksum": "ab", "h1_bytes": 40e6}]
+    table = nb.pipeline_table(runs)
+    assert "| 2x1 | 200 Mbit/s | spmd scatter (read=root) | 4.00 | 3.00, 5.00 | 40.0 | 0.80 |" in table
+    assert "checksums differ" not in table
+    runs[0]["checksum"] = "cd"
+    assert "checksums differ between runs: ['ab', 'cd']" in nb.pipeline_table(runs)
