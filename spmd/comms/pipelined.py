@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
+from spmd.comms.arrays import contiguous
 from spmd.comms.handle import Handle
 from spmd.comms.p2p.incoming import TAG_STRIDE
 from spmd.comms.stages import Stages
@@ -105,20 +106,6 @@ def nbytes(x: Any, rows: int | None = None) -> int:
     return item * (shape[0] if rows is None else rows)
 
 
-def _contiguous(x: Any) -> tuple[Any, Any]:
-    """x's data as a contiguous array (x itself when it is) and the write-back into x (None then)."""
-    if type(x) is np.ndarray:
-        if x.flags.c_contiguous:
-            return x, None
-        c = np.ascontiguousarray(x)
-        return c, lambda: np.copyto(x, c)
-    t = x.detach()
-    if t.is_contiguous():
-        return t, None
-    c = t.contiguous()
-    return c, lambda: t.copy_(c)
-
-
 def _chain(b: Backend, data: np.ndarray, root: int) -> None:
     """Root's bytes into data on every rank: each piece received from the rank before, then sent on."""
     before, after = chain(b.rank, b.size, root)
@@ -183,7 +170,7 @@ class Pipelined:
 
     def broadcast(self, x, root: int, async_op: bool):
         """Copy root's x into x on every rank, down the chain (the hook its Comm's broadcast runs)."""
-        c, back = _contiguous(x)
+        c, back = contiguous(x)
         data = self._b.bytes_of(c)
 
         def finish():

@@ -229,38 +229,33 @@ def parse_torch_group(environ: Mapping[str, str], torch_group=None) -> Optional[
     )
 
 
-def parse_hierarchy(environ: Mapping[str, str]) -> str:
-    """Return SPMD_HIERARCHY as one of HIERARCHY ("auto" when unset or blank)."""
-    value = environ.get("SPMD_HIERARCHY", "")
+def _auto_on_off(environ: Mapping[str, str], name: str, uses: str) -> str:
+    """Return the variable name as "auto" (unset or blank), "on" or "off"; uses says what each value does."""
+    value = environ.get(name, "")
     text = value.strip().lower() or "auto"
-    if text in HIERARCHY:
+    if text in ("auto", "on", "off"):
         return text
     if text in _TRUE:
         return "on"
     if text in _FALSE:
         return "off"
-    raise SettingsError(
-        f"SPMD_HIERARCHY={value!r} is not auto, on or off: use auto (or nothing) to reduce large "
-        "all_reduces within each host first where the backend gains by it, on to do so on every backend "
-        "that can, off to keep every all_reduce flat"
-    )
+    raise SettingsError(f"{name}={value!r} is not auto, on or off: use {uses}")
+
+
+def parse_hierarchy(environ: Mapping[str, str]) -> str:
+    """Return SPMD_HIERARCHY as one of HIERARCHY ("auto" when unset or blank)."""
+    return _auto_on_off(
+        environ, "SPMD_HIERARCHY",
+        "auto (or nothing) to reduce large all_reduces within each host first where the backend gains by it, "
+        "on to do so on every backend that can, off to keep every all_reduce flat")
 
 
 def parse_pipelined(environ: Mapping[str, str]) -> str:
     """Return SPMD_PIPELINED as one of PIPELINED ("auto" when unset or blank)."""
-    value = environ.get("SPMD_PIPELINED", "")
-    text = value.strip().lower() or "auto"
-    if text in PIPELINED:
-        return text
-    if text in _TRUE:
-        return "on"
-    if text in _FALSE:
-        return "off"
-    raise SettingsError(
-        f"SPMD_PIPELINED={value!r} is not auto, on or off: use auto (or nothing) to send large broadcasts "
-        "down a chain of the ranks and large all_gathers round a ring where the backend gains by it, on to do "
-        "so on every backend that can, off to keep the backend's own"
-    )
+    return _auto_on_off(
+        environ, "SPMD_PIPELINED",
+        "auto (or nothing) to send large broadcasts down a chain of the ranks and large all_gathers round a "
+        "ring where the backend gains by it, on to do so on every backend that can, off to keep the backend's own")
 
 
 def _parse_trace(environ, trace):
