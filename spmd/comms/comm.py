@@ -93,23 +93,18 @@ class Comm(Collectives, Exchanges, PointToPoint):
         # receive's header (and inline data) lands, one receive at a time.
         self._incoming: list[Any] = []
         self._recv_header, self._recv_row, self._recv_tail = receive_buffers(self)
-        # Large all_reduces by host (spmd.comms.hierarchy): hierarchy is SPMD_HIERARCHY's value, None: read it.
-        if hierarchy is None:
+        # Large all_reduces by host (spmd.comms.hierarchy) and large broadcasts down a chain, all_gathers
+        # round a ring (spmd.comms.pipelined): SPMD_HIERARCHY's and SPMD_PIPELINED's values (None: read them
+        # here; init passes its settings); a split keeps its world's pipelined and stays flat.
+        if hierarchy is None or pipelined is None:
             import os
 
-            from spmd.config.settings import parse_hierarchy
+            from spmd.config.settings import parse_hierarchy, parse_pipelined
 
-            hierarchy = parse_hierarchy(os.environ)
+            hierarchy = parse_hierarchy(os.environ) if hierarchy is None else hierarchy
+            pipelined = parse_pipelined(os.environ) if pipelined is None else pipelined
         go = wanted(hierarchy, self.backend, self.size, self._mon.world, p.num_nodes if p else None)
         self._hierarchy = Hierarchy(backend, placement) if go else None
-        # Large broadcasts down a chain, all_gathers round a ring (spmd.comms.pipelined): SPMD_PIPELINED's
-        # value, None: read it; a split keeps its world's.
-        if pipelined is None:
-            import os
-
-            from spmd.config.settings import parse_pipelined
-
-            pipelined = parse_pipelined(os.environ)
         self._pipelined_mode = pipelined
         go = pipelined_wanted(pipelined, self.backend, self.size, p.num_nodes if p else None)
         self._pipelined = Pipelined(backend) if go else None
